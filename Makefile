@@ -1,0 +1,31 @@
+# Two commands matter on a fresh machine: `make demo` and `make test`.
+# Both create .venv and install the exact pins of constraints.txt when needed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test dev lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/media-usage demo
+
+test: $(STAMP)
+	$(BIN)/pytest -n 2 --dist loadgroup
+
+dev: $(STAMP)
+	DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} ; mkdir -p $$DAGSTER_HOME ; \
+	DAGSTER_HOME=$$DAGSTER_HOME $(BIN)/dg dev --use-active-venv
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .media_usage .pytest_cache

@@ -1,0 +1,125 @@
+"""Database time, exactly as the seeds write it.
+
+Every timestamp the project compares is TEXT `YYYY-MM-DDTHH:MM:SS.sssZ` produced by the
+database. The constructs below compile to the seeds' SQL on each dialect, so repositories
+stay dialect-free and the Python clock never decides a lease or a due time.
+
+Two notions of "now" exist in the seeds and both are kept:
+- statement time (`statement_timestamp()` on PostgreSQL) for due checks and for the
+  reconciliation / enqueue lease checks;
+- clock time (`clock_timestamp()`) for writes and for the work and deletion lease checks,
+  which compare `lease_expires_at::timestamptz > clock_timestamp()`.
+SQLite has one clock (`'now'` is stable within a statement).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Boolean, Integer, String, literal
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.functions import FunctionElement
+
+MAX_PORTABLE_DURATION_SECONDS = 365 * 24 * 60 * 60
+
+SQLITE_FORMAT = "%Y-%m-%dT%H:%M:%fZ"
+POSTGRES_FORMAT = 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'
+
+
+def validate_duration(seconds: int, label: str, *, allow_zero: bool) -> int:
+    """Durations must be whole seconds in 0 (or 1) .. one year, like the seeds' portable range."""
+    lowest = 0 if allow_zero else 1
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise ValueError(f"{label} must be a whole number of seconds")
+    if seconds < lowest or seconds > MAX_PORTABLE_DURATION_SECONDS:
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{label} must be a {kind} whole number of seconds no greater than one year")
+    return seconds
+
+
+class timestamp_offset(FunctionElement):  # noqa: N801 - reads like a SQL function
+    """Clock time plus `seconds`, as sortable text (the seeds' `timestampOffset`)."""
+
+    type = String()
+    inherit_cache = True
+    name = "timestamp_offset"
+
+    def __init__(self, seconds: int = 0) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int):
+            raise ValueError("timestamp offset must be a whole number of seconds")
+        modifier = f"{'+' if seconds >= 0 else ''}{seconds} seconds"
+        super().__init__(literal(seconds, Integer), literal(modifier, String))
+
+
+@compiles(timestamp_offset, "postgresql")
+def _timestamp_offset_postgres(element, compiler, **kw):
+    seconds = compiler.process(element.clauses.clauses[0], **kw)
+    return (
+        f"to_char((clock_timestamp() AT TIME ZONE 'UTC') + ({seconds} * INTERVAL '1 second'), "
+        f"'{POSTGRES_FORMAT}')"
+    )
+
+
+@compiles(timestamp_offset, "sqlite")
+def _timestamp_offset_sqlite(element, compiler, **kw):
+    modifier = compiler.process(element.clauses.clauses[1], **kw)
+    return f"strftime('{SQLITE_FORMAT}', 'now', {modifier})"
+
+
+def now() -> timestamp_offset:
+    return timestamp_offset(0)
+
+
+class statement_now(FunctionElement):  # noqa: N801
+    """Statement time as sortable text: the right-hand side of every due check."""
+
+    type = String()
+    inherit_cache = True
+    name = "statement_now"
+
+
+@compiles(statement_now, "postgresql")
+def _statement_now_postgres(element, compiler, **kw):
+    return f"to_char(statement_timestamp() AT TIME ZONE 'UTC', '{POSTGRES_FORMAT}')"
+
+
+@compiles(statement_now, "sqlite")
+def _statement_now_sqlite(element, compiler, **kw):
+    return f"strftime('{SQLITE_FORMAT}', 'now')"
+
+
+class _clock_lease_live(FunctionElement):  # noqa: N801
+    """`column > now` on the wall clock (PostgreSQL: `column::timestamptz > clock_timestamp()`)."""
+
+    type = Boolean()
+    inherit_cache = True
+    name = "clock_lease_live"
+
+    def __init__(self, column: ColumnElement) -> None:
+        super().__init__(column)
+
+
+@compiles(_clock_lease_live, "postgresql")
+def _clock_lease_live_postgres(element, compiler, **kw):
+    column = compiler.process(element.clauses.clauses[0], **kw)
+    return f"CAST({column} AS TIMESTAMP WITH TIME ZONE) > clock_timestamp()"
+
+
+@compiles(_clock_lease_live, "sqlite")
+def _clock_lease_live_sqlite(element, compiler, **kw):
+    column = compiler.process(element.clauses.clauses[0], **kw)
+    return f"{column} > strftime('{SQLITE_FORMAT}', 'now')"
+
+
+def is_due(column: ColumnElement) -> ColumnElement[bool]:
+    """`column <= statement now`: eligibility of next_attempt_at / an expired lease."""
+    return column <= statement_now()
+
+
+def lease_live_at_statement(column: ColumnElement) -> ColumnElement[bool]:
+    """Reconciliation and enqueue guards: `column > statement now` (text comparison)."""
+    return column > statement_now()
+
+
+def lease_live_at_clock(column: ColumnElement) -> ColumnElement[bool]:
+    """Work, deletion and generation-write guards: compared with the wall clock."""
+    return _clock_lease_live(column)

@@ -1,0 +1,54 @@
+"""Guard predicates shared by the repositories.
+
+Each is one EXISTS / comparison the seeds repeat in many WHERE clauses. Repositories compose
+them by name so a reader can check a statement's guards against the seed line by line.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, exists, literal, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from .schema import (
+    ACTIVATION_KEY,
+    COLLECTION_SCOPE,
+    CONTENT_ADAPTER_ID,
+    activation,
+    collection_deletions,
+    collections,
+    index_status,
+)
+
+
+def activation_is_active() -> ColumnElement[bool]:
+    """The global capture activation row is `active`: every processor is a no-op otherwise."""
+    return exists(
+        select(literal(1))
+        .select_from(activation)
+        .where(activation.c.task_key == ACTIVATION_KEY, activation.c.state == "active")
+    )
+
+
+def registry_identity_is_current(
+    collection_id: ColumnElement | str, collection_slug: ColumnElement | str
+) -> ColumnElement[bool]:
+    """"Collection identity is current": a registry row with exactly (id, slug)."""
+    registry = collections.alias("current_collection")
+    return exists(
+        select(literal(1))
+        .select_from(registry)
+        .where(registry.c.id == collection_id, registry.c.slug == collection_slug)
+    )
+
+
+def no_deletion_tombstone(collection_id: ColumnElement | str) -> ColumnElement[bool]:
+    """No collection-deletion tombstone exists for the collection."""
+    deletion = collection_deletions.alias("deletion")
+    return ~exists(
+        select(literal(1)).select_from(deletion).where(deletion.c.collection_id == collection_id)
+    )
+
+
+def is_content_collection_status(status=index_status) -> ColumnElement[bool]:
+    """The row is the content-media adapter's per-collection status row."""
+    return and_(status.c.adapter_id == CONTENT_ADAPTER_ID, status.c.scope_type == COLLECTION_SCOPE)

@@ -1,0 +1,115 @@
+"""The dialect matrix: every store, processing and job test runs on SQLite and PostgreSQL.
+
+PostgreSQL comes from MEDIA_USAGE_TEST_POSTGRES_URL (default: the local server). Each test
+gets its own schema there and its own file on SQLite. With MEDIA_USAGE_REQUIRE_POSTGRES=1
+(CI) an unreachable server fails the test instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from media_usage_orchestration.store.engine import create_database_engine
+from media_usage_orchestration.store.schema import install_schema
+
+DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DIALECTS = ("sqlite", "postgres")
+
+
+def postgres_admin_url() -> str:
+    return os.environ.get("MEDIA_USAGE_TEST_POSTGRES_URL", DEFAULT_TEST_POSTGRES_URL)
+
+
+def postgres_required() -> bool:
+    return os.environ.get("MEDIA_USAGE_REQUIRE_POSTGRES") == "1"
+
+
+_postgres_problem: list[str] = []
+
+
+def _check_postgres() -> str | None:
+    if not _postgres_problem:
+        try:
+            probe = create_engine(postgres_admin_url())
+            with probe.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            probe.dispose()
+            _postgres_problem.append("")
+        except Exception as error:  # the reason is reported once, below
+            _postgres_problem.append(f"PostgreSQL is unreachable: {type(error).__name__}")
+    return _postgres_problem[0] or None
+
+
+@dataclass
+class TestDatabase:
+    """One isolated database: its dialect, a URL other processes can open, its engine."""
+
+    __test__ = False
+    dialect: str
+    url: str
+    engine: Engine
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgres"
+
+
+def _postgres_schema_url(schema: str) -> str:
+    url = make_url(postgres_admin_url()).set(drivername="postgresql+psycopg")
+    return url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+        hide_password=False
+    )
+
+
+@pytest.fixture
+def database_url(request, tmp_path) -> Iterator[tuple[str, str]]:
+    dialect = request.param
+    if dialect == "sqlite":
+        yield dialect, f"sqlite:///{tmp_path / 'media_usage.db'}"
+        return
+    problem = _check_postgres()
+    if problem:
+        if postgres_required():
+            pytest.fail(f"{problem} and MEDIA_USAGE_REQUIRE_POSTGRES=1")
+        pytest.skip(problem)
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield dialect, _postgres_schema_url(schema)
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
+
+
+@pytest.fixture
+def empty_db(database_url) -> Iterator[TestDatabase]:
+    """A database with nothing installed."""
+    dialect, url = database_url
+    engine = create_database_engine(url)
+    try:
+        yield TestDatabase(dialect, url, engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def db(empty_db) -> TestDatabase:
+    """A database with EmDash's schema installed (activation still `expanded`)."""
+    with empty_db.engine.begin() as connection:
+        install_schema(connection)
+    return empty_db
+
+
+def pytest_generate_tests(metafunc):
+    if "database_url" in metafunc.fixturenames:
+        metafunc.parametrize("database_url", DIALECTS, indirect=True)
