@@ -32,11 +32,13 @@ def validate_duration(seconds: int, label: str, *, allow_zero: bool) -> int:
         raise ValueError(f"{label} must be a whole number of seconds")
     if seconds < lowest or seconds > MAX_PORTABLE_DURATION_SECONDS:
         kind = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{label} must be a {kind} whole number of seconds no greater than one year")
+        raise ValueError(
+            f"{label} must be a {kind} whole number of seconds no greater than one year"
+        )
     return seconds
 
 
-class timestamp_offset(FunctionElement):  # noqa: N801 - reads like a SQL function
+class timestamp_offset(FunctionElement):
     """Clock time plus `seconds`, as sortable text (the seeds' `timestampOffset`)."""
 
     type = String()
@@ -69,7 +71,7 @@ def now() -> timestamp_offset:
     return timestamp_offset(0)
 
 
-class statement_now(FunctionElement):  # noqa: N801
+class statement_now(FunctionElement):
     """Statement time as sortable text: the right-hand side of every due check."""
 
     type = String()
@@ -87,7 +89,7 @@ def _statement_now_sqlite(element, compiler, **kw):
     return f"strftime('{SQLITE_FORMAT}', 'now')"
 
 
-class _clock_lease_live(FunctionElement):  # noqa: N801
+class _clock_lease_live(FunctionElement):
     """`column > now` on the wall clock (PostgreSQL: `column::timestamptz > clock_timestamp()`)."""
 
     type = Boolean()

@@ -9,6 +9,7 @@ PostgreSQL: psycopg 3, READ COMMITTED, one statement per guarded step.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,9 @@ def normalize_url(url: str | URL) -> URL:
     backend, _, driver = parsed.drivername.partition("+")
     if backend in ("postgresql", "postgres"):
         if driver not in ("", "psycopg"):
-            raise ValueError("PostgreSQL URLs must use the psycopg 3 driver (postgresql+psycopg://)")
+            raise ValueError(
+                "PostgreSQL URLs must use the psycopg 3 driver (postgresql+psycopg://)"
+            )
         return parsed.set(drivername="postgresql+psycopg")
     if backend == "sqlite":
         if driver not in ("", "pysqlite"):
@@ -55,8 +58,14 @@ def redacted_url(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+def compact_json(value) -> str:
+    """JSON as EmDash writes it: no whitespace, non-ASCII kept."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def create_database_engine(url: str | URL, **engine_options) -> Engine:
     parsed = normalize_url(url)
+    engine_options.setdefault("json_serializer", compact_json)
     if parsed.get_backend_name() == "sqlite":
         return _create_sqlite_engine(parsed, **engine_options)
     engine_options.setdefault("pool_pre_ping", True)

@@ -32,7 +32,7 @@ def activation_is_active() -> ColumnElement[bool]:
 def registry_identity_is_current(
     collection_id: ColumnElement | str, collection_slug: ColumnElement | str
 ) -> ColumnElement[bool]:
-    """"Collection identity is current": a registry row with exactly (id, slug)."""
+    """ "Collection identity is current": a registry row with exactly (id, slug)."""
     registry = collections.alias("current_collection")
     return exists(
         select(literal(1))

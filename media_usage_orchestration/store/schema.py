@@ -41,7 +41,7 @@ CONTENT_ADAPTER_ID = "content-media"
 COLLECTION_SCOPE = "collection"
 
 
-class _sortable_now_default(FunctionElement):  # noqa: N801
+class _sortable_now_default(FunctionElement):
     """EmDash's "sortable-now" column default."""
 
     type = Text()
@@ -59,7 +59,7 @@ def _sortable_now_sqlite(element, compiler, **kw):
     return f"strftime('{SQLITE_FORMAT}', 'now')"
 
 
-class _current_timestamp_default(FunctionElement):  # noqa: N801
+class _current_timestamp_default(FunctionElement):
     """Kysely's `currentTimestamp` default of the older tables (046/050/061)."""
 
     type = Text()
@@ -185,14 +185,14 @@ sources = Table(
     Column("source_updated_at", Text),
     Column("source_version", Integer),
     Column("source_fingerprint", Text),
-    Column(
-        "source_completeness", Text, nullable=False, server_default=_literal_default("unknown")
-    ),
+    Column("source_completeness", Text, nullable=False, server_default=_literal_default("unknown")),
     Column("last_attempted_at", Text),
     Column("last_error_code", Text),
     Column("collection_id", Text),
     Column("identity_version", Integer),
-    Index("idx__emdash_media_usage_sources_content", "source_type", "collection_slug", "content_id"),
+    Index(
+        "idx__emdash_media_usage_sources_content", "source_type", "collection_slug", "content_id"
+    ),
     Index("idx__emdash_media_usage_sources_variant", "source_type", "source_variant"),
     Index("idx__emdash_media_usage_sources_locale", "collection_slug", "locale"),
     Index("idx__emdash_media_usage_sources_deleted", "content_deleted_at"),
@@ -246,7 +246,9 @@ occurrences = Table(
         "occurrence_index",
         unique=True,
     ),
-    Index("idx__emdash_media_usage_media_source_generation", "media_id", "source_key", "generation"),
+    Index(
+        "idx__emdash_media_usage_media_source_generation", "media_id", "source_key", "generation"
+    ),
     Index("idx__emdash_media_usage_provider_asset", "provider", "provider_asset_id"),
     Index("idx__emdash_media_usage_source_generation", "source_key", "generation"),
     Index("idx__emdash_media_usage_cleanup_scan", "created_at", "id", "source_key", "generation"),
@@ -469,9 +471,7 @@ cleanup = Table(
     Column(
         "last_deleted_write_leases", Integer, nullable=False, server_default=_literal_default(0)
     ),
-    Column(
-        "last_backlog_lower_bound", Integer, nullable=False, server_default=_literal_default(0)
-    ),
+    Column("last_backlog_lower_bound", Integer, nullable=False, server_default=_literal_default(0)),
     Column("last_scan_has_more", Integer, nullable=False, server_default=_literal_default(0)),
     Column("last_duration_ms", Integer, nullable=False, server_default=_literal_default(0)),
     Column("last_error_code", Text),

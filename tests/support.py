@@ -1,0 +1,151 @@
+"""Test helpers: build database states directly, move time by backdating rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Engine, Table, func, select, update
+
+from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec, SubField
+from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.clock import timestamp_offset
+from media_usage_orchestration.store.schema import (
+    ACTIVATION_KEY,
+    COLLECTION_SCOPE,
+    CONTENT_ADAPTER_ID,
+)
+
+MEDIA_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("title", "string"),
+    FieldSpec("hero", "image"),
+    FieldSpec("attachment", "file"),
+    FieldSpec("body", "portableText"),
+    FieldSpec(
+        "gallery",
+        "repeater",
+        sub_fields=(SubField("caption", "string"), SubField("image", "image")),
+    ),
+)
+IMAGE_ONLY: tuple[FieldSpec, ...] = (FieldSpec("title", "string"), FieldSpec("hero", "image"))
+NO_MEDIA: tuple[FieldSpec, ...] = (FieldSpec("title", "string"),)
+
+
+def set_activation(engine: Engine, state: str = "active") -> None:
+    with engine.begin() as connection:
+        connection.execute(
+            update(schema.activation)
+            .where(schema.activation.c.task_key == ACTIVATION_KEY)
+            .values(state=state)
+        )
+
+
+def make_collection(
+    engine: Engine,
+    slug: str,
+    fields: Sequence[FieldSpec] = IMAGE_ONLY,
+    *,
+    collection_id: str | None = None,
+    capture_state: str | None = "active",
+    reconciliation_required: int = 1,
+    status: str = "stale",
+    change_epoch: int = 0,
+    cursor: str | None = None,
+) -> Collection:
+    """A registry collection with its table and a status row in the given lifecycle state
+    (no capture triggers: repository tests drive rows directly, as the upstream tests do)."""
+    collection = CmsWriter(engine).create_collection(slug, fields, collection_id=collection_id)
+    set_status(
+        engine,
+        slug,
+        capture_state=capture_state,
+        reconciliation_required=reconciliation_required,
+        status=status,
+        change_epoch=change_epoch,
+        cursor=cursor,
+    )
+    return collection
+
+
+def set_status(engine: Engine, slug: str, **values: Any) -> None:
+    status = schema.index_status
+    with engine.begin() as connection:
+        connection.execute(
+            update(status)
+            .where(
+                status.c.adapter_id == CONTENT_ADAPTER_ID,
+                status.c.scope_type == COLLECTION_SCOPE,
+                status.c.scope_key == slug,
+            )
+            .values(**values)
+        )
+
+
+def status_row(engine: Engine, slug: str) -> dict[str, Any] | None:
+    return one(engine, schema.index_status, scope_key=slug)
+
+
+def db_now(engine: Engine, offset_seconds: int = 0) -> str:
+    with engine.connect() as connection:
+        return connection.execute(select(timestamp_offset(offset_seconds))).scalar_one()
+
+
+def backdate(engine: Engine, table: Table, column: str, seconds: int, **where: Any) -> int:
+    """Set `column` to database time minus `seconds` on matching rows (time travel without sleep)."""
+    with engine.begin() as connection:
+        result = connection.execute(
+            update(table)
+            .where(*[table.c[key] == value for key, value in where.items()])
+            .values({column: timestamp_offset(-seconds)})
+        )
+        return result.rowcount
+
+
+def all_rows(engine: Engine, table: Table, **where: Any) -> list[dict[str, Any]]:
+    with engine.connect() as connection:
+        statement = select(table).where(*[table.c[key] == value for key, value in where.items()])
+        return [dict(row) for row in connection.execute(statement).mappings()]
+
+
+def one(engine: Engine, table: Table, **where: Any) -> dict[str, Any] | None:
+    found = all_rows(engine, table, **where)
+    assert len(found) <= 1, f"expected at most one {table.name} row, got {len(found)}"
+    return found[0] if found else None
+
+
+def count(engine: Engine, table: Table, **where: Any) -> int:
+    with engine.connect() as connection:
+        statement = (
+            select(func.count())
+            .select_from(table)
+            .where(*[table.c[key] == value for key, value in where.items()])
+        )
+        return connection.execute(statement).scalar_one()
+
+
+def snapshot(engine: Engine, tables: Sequence[Table] = schema.EMDASH_TABLES) -> dict[str, list]:
+    """Every row of the given tables, for "bad input changes nothing" assertions."""
+    result = {}
+    with engine.connect() as connection:
+        for table in tables:
+            ordered = select(table).order_by(*table.primary_key.columns)
+            result[table.name] = [tuple(row) for row in connection.execute(ordered)]
+    return result
+
+
+__all__ = [
+    "IMAGE_ONLY",
+    "MEDIA_FIELDS",
+    "NO_MEDIA",
+    "Collection",
+    "all_rows",
+    "backdate",
+    "count",
+    "db_now",
+    "make_collection",
+    "one",
+    "set_activation",
+    "set_status",
+    "snapshot",
+    "status_row",
+]
