@@ -7,7 +7,8 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, func, select, update
 
-from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec, SubField
+from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec
+from media_usage_orchestration.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.clock import timestamp_offset
 from media_usage_orchestration.store.schema import (
@@ -16,17 +17,6 @@ from media_usage_orchestration.store.schema import (
     CONTENT_ADAPTER_ID,
 )
 
-MEDIA_FIELDS: tuple[FieldSpec, ...] = (
-    FieldSpec("title", "string"),
-    FieldSpec("hero", "image"),
-    FieldSpec("attachment", "file"),
-    FieldSpec("body", "portableText"),
-    FieldSpec(
-        "gallery",
-        "repeater",
-        sub_fields=(SubField("caption", "string"), SubField("image", "image")),
-    ),
-)
 IMAGE_ONLY: tuple[FieldSpec, ...] = (FieldSpec("title", "string"), FieldSpec("hero", "image"))
 NO_MEDIA: tuple[FieldSpec, ...] = (FieldSpec("title", "string"),)
 

@@ -1,0 +1,129 @@
+"""`media-usage`: the operator's command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import Engine, func, select
+from sqlalchemy.engine import make_url
+
+from . import cms, sample_content
+from .store import schema
+from .store.engine import create_database_engine, default_database_url, redacted_url
+from .store.identifiers import content_table_name
+
+console = Console()
+
+DEMO_COLLECTIONS = (("articles", "art", 250), ("pages", "pag", 120), ("products", "pro", 80))
+
+
+def _engine(url: str | None) -> Engine:
+    return create_database_engine(url or default_database_url())
+
+
+@click.group()
+def main() -> None:
+    """Keep an EmDash database's media usage index true and delete collections safely."""
+
+
+@main.command()
+@click.option("--database-url", envvar="MEDIA_USAGE_DATABASE_URL", default=None)
+def init(database_url: str | None) -> None:
+    """Install (or complete) EmDash's media usage schema; safe to repeat."""
+    engine = _engine(database_url)
+    with engine.begin() as connection:
+        added = schema.install_schema(connection)
+    console.print(f"[bold]{redacted_url(engine.url)}[/]: {len(added)} objects added")
+    for item in added:
+        console.print(f"  + {item}")
+
+
+@main.command()
+@click.option("--database-url", envvar="MEDIA_USAGE_DATABASE_URL", default=None)
+def status(database_url: str | None) -> None:
+    """Show every collection with its entries and index coverage."""
+    engine = _engine(database_url)
+    console.print(collections_table(engine))
+
+
+@main.command()
+@click.option("--database-url", envvar="MEDIA_USAGE_DATABASE_URL", default=None)
+def demo(database_url: str | None) -> None:
+    """Create the demo database (3 collections of EmDash-shaped content) and show it."""
+    url = database_url or default_database_url()
+    engine = _prepare_demo_database(url)
+    writer = cms.CmsWriter(engine)
+    for slug, prefix, count in DEMO_COLLECTIONS:
+        writer.create_collection(slug, sample_content.MEDIA_FIELDS)
+        writer.insert_entries(slug, sample_content.sample_entries(prefix, count))
+        _add_drafts_and_trash(writer, slug, prefix, count)
+    console.print(f"Demo database: [bold]{redacted_url(engine.url)}[/]")
+    console.print(collections_table(engine))
+
+
+def _prepare_demo_database(url: str) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        for suffix in ("", "-wal", "-shm"):
+            Path(parsed.database + suffix).unlink(missing_ok=True)
+    engine = create_database_engine(url)
+    with engine.begin() as connection:
+        schema.install_schema(connection)
+        existing = connection.execute(select(func.count()).select_from(schema.collections))
+        if existing.scalar_one():
+            raise click.ClickException(
+                "The demo needs an empty database; this one already holds collections."
+            )
+    return engine
+
+
+def _add_drafts_and_trash(writer: cms.CmsWriter, slug: str, prefix: str, count: int) -> None:
+    for index in range(0, count, 9):
+        entry = sample_content.sample_entry(prefix, index)
+        writer.save_draft(slug, entry["id"], sample_content.draft_revision_data(entry))
+    for index in range(4, count, 25):
+        writer.trash_entry(slug, sample_content.sample_entry(prefix, index)["id"])
+
+
+def collections_table(engine: Engine) -> Table:
+    table = Table(title="Collections")
+    for header in ("collection", "id", "entries", "drafts", "trashed", "coverage", "capture"):
+        table.add_column(header)
+    status = schema.index_status
+    with engine.connect() as connection:
+        registry = connection.execute(
+            select(schema.collections.c.id, schema.collections.c.slug).order_by(
+                schema.collections.c.slug
+            )
+        ).all()
+        for collection_id, slug in registry:
+            counts = _entry_counts(connection, slug)
+            row = connection.execute(
+                select(status.c.status, status.c.capture_state).where(
+                    status.c.scope_key == slug, status.c.adapter_id == schema.CONTENT_ADAPTER_ID
+                )
+            ).first()
+            coverage, capture = (row.status, row.capture_state) if row else ("-", None)
+            table.add_row(slug, collection_id, *map(str, counts), coverage, capture or "legacy")
+    return table
+
+
+def _entry_counts(connection, slug: str) -> tuple[int, int, int]:
+    content = schema.content_table(slug)
+    name = content_table_name(slug)
+    assert content.name == name
+    return connection.execute(
+        select(
+            func.count(),
+            func.count(content.c.draft_revision_id),
+            func.count(content.c.deleted_at),
+        ).select_from(content)
+    ).one()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
