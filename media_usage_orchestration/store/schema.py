@@ -94,7 +94,7 @@ metadata = MetaData()
 collections = Table(
     "_emdash_collections",
     metadata,
-    Column("id", Text, primary_key=True),
+    Column("id", Text, primary_key=True, nullable=True),
     Column("slug", Text, nullable=False, unique=True),
     Column("label", Text, nullable=False),
     Column("label_singular", Text),
@@ -122,7 +122,7 @@ collections = Table(
 fields = Table(
     "_emdash_fields",
     metadata,
-    Column("id", Text, primary_key=True),
+    Column("id", Text, primary_key=True, nullable=True),
     Column(
         "collection_id",
         Text,
@@ -152,7 +152,7 @@ fields = Table(
 revisions = Table(
     "revisions",
     metadata,
-    Column("id", Text, primary_key=True),
+    Column("id", Text, primary_key=True, nullable=True),
     Column("collection", Text, nullable=False),
     Column("entry_id", Text, nullable=False),
     Column("data", Text, nullable=False),
@@ -164,7 +164,7 @@ revisions = Table(
 sources = Table(
     "_emdash_media_usage_sources",
     metadata,
-    Column("source_key", Text, primary_key=True),
+    Column("source_key", Text, primary_key=True, nullable=True),
     Column("source_type", Text, nullable=False),
     Column("collection_slug", Text),
     Column("content_id", Text),
@@ -224,7 +224,7 @@ sources = Table(
 occurrences = Table(
     "_emdash_media_usage",
     metadata,
-    Column("id", Text, primary_key=True),
+    Column("id", Text, primary_key=True, nullable=True),
     Column("source_key", Text, nullable=False),
     Column("generation", Text, nullable=False),
     Column("field_slug", Text, nullable=False),
@@ -299,7 +299,7 @@ index_status = Table(
 activation = Table(
     "_emdash_media_usage_activation",
     metadata,
-    Column("task_key", Text, primary_key=True),
+    Column("task_key", Text, primary_key=True, nullable=True),
     Column("state", Text, nullable=False, server_default=_literal_default("expanded")),
     Column("runtime_generation", Integer, nullable=False, server_default=_literal_default(1)),
     Column("collection_cursor", Text),
@@ -442,7 +442,7 @@ generation_writes = Table(
     metadata,
     Column("source_key", Text, nullable=False),
     Column("generation", Text, nullable=False),
-    Column("lease_token", Text, primary_key=True),
+    Column("lease_token", Text, primary_key=True, nullable=True),
     Column("expires_at", Text, nullable=False),
     Column("created_at", Text, nullable=False, server_default=_current_timestamp()),
     UniqueConstraint(
@@ -454,7 +454,7 @@ generation_writes = Table(
 cleanup = Table(
     "_emdash_media_usage_cleanup",
     metadata,
-    Column("task_key", Text, primary_key=True),
+    Column("task_key", Text, primary_key=True, nullable=True),
     Column("lease_token", Text),
     Column("lease_expires_at", Text),
     Column("next_eligible_at", Text, nullable=False),
@@ -481,7 +481,7 @@ cleanup = Table(
 cleanup_fence = Table(
     "_emdash_media_usage_cleanup_fence",
     metadata,
-    Column("task_key", Text, primary_key=True),
+    Column("task_key", Text, primary_key=True, nullable=True),
     Column("generation_floor", Text, nullable=False),
     Column("updated_at", Text, nullable=False, server_default=_current_timestamp()),
 )
@@ -538,9 +538,9 @@ def content_table(collection_slug: str, field_columns: Sequence[ContentField] = 
     """A Core `Table` for `ec_<slug>` with EmDash's system columns and one column per field."""
     name = content_table_name(collection_slug)
     table_metadata = MetaData()
-    Table("revisions", table_metadata, Column("id", Text, primary_key=True))
+    Table("revisions", table_metadata, Column("id", Text, primary_key=True, nullable=True))
     columns = [
-        Column("id", Text, primary_key=True),
+        Column("id", Text, primary_key=True, nullable=True),
         Column("slug", Text),
         Column("status", Text, server_default=_literal_default("draft")),
         Column("author_id", Text),
