@@ -16,6 +16,13 @@ from sqlalchemy import JSON, Connection, Engine, delete, func, insert, select, u
 from ulid import ULID
 
 from .store import schema
+from .store import status as status_store
+from .store.activation import read_activation
+from .store.capture_triggers import (
+    CaptureIdentity,
+    install_capture_triggers,
+    verify_capture_triggers,
+)
 from .store.clock import now
 from .store.identifiers import content_table_name, validate_identifier
 from .store.schema import (
@@ -123,22 +130,49 @@ class CmsWriter:
         collection_id: str | None = None,
         label: str | None = None,
     ) -> Collection:
-        """EmDash's `createCollection` before capture activation: registry, fields, table and a
-        status row bound to the collection id (coverage `never`, capture not installed)."""
+        """EmDash's `createCollection`. Before activation: registry, fields, table and a status
+        row (coverage `never`, no capture). After activation, EmDash's capture sequence - status
+        `installing` -> table -> exact triggers -> `ready` -> registry -> `active` - runs in one
+        transaction, so the collection never exists uncaptured."""
         validate_identifier(slug, "collection slug")
         content_table_name(slug)
         _validate_fields(fields)
         collection = Collection(collection_id or new_id(), slug, tuple(fields))
+        columns = [ContentField(spec.slug, field_column_type(spec.type)) for spec in fields]
         with self.engine.begin() as connection:
+            state = self._writable_activation_state(connection)
             self._refuse_held_slug(connection, slug)
-            self._insert_registry(connection, collection, label)
-            schema.create_content_table(
-                connection,
-                slug,
-                [ContentField(spec.slug, field_column_type(spec.type)) for spec in fields],
-            )
-            self._upsert_legacy_status(connection, collection)
+            if state == "active":
+                self._create_captured(connection, collection, columns, label)
+            else:
+                self._insert_registry(connection, collection, label)
+                schema.create_content_table(connection, slug, columns)
+                self._upsert_legacy_status(connection, collection)
         return collection
+
+    def _create_captured(self, connection, collection, columns, label) -> None:
+        identity = CaptureIdentity(collection.id, collection.slug)
+        status_store.insert_installing_for_new_collection(
+            connection, collection.id, collection.slug
+        )
+        schema.create_content_table(connection, collection.slug, columns)
+        install_capture_triggers(connection, identity, replace_existing=False)
+        if not verify_capture_triggers(connection, identity):
+            raise CmsError("MEDIA_USAGE_CAPTURE_FAILED", "Capture trigger verification failed")
+        status_store.mark_capture_ready(connection, collection.id, collection.slug)
+        self._insert_registry(connection, collection, label)
+        status_store.finalize_collection_capture(connection, collection.id, collection.slug)
+
+    def _writable_activation_state(self, connection: Connection) -> str:
+        """EmDash's write fence: schema and content writes wait while activation runs."""
+        row = read_activation(connection)
+        state = row.state if row else "expanded"
+        if state == "activating":
+            raise CmsError(
+                "MEDIA_USAGE_ACTIVATION_IN_PROGRESS",
+                "Writes are paused while media usage capture is being activated",
+            )
+        return state
 
     def _refuse_held_slug(self, connection: Connection, slug: str) -> None:
         exists_registry = connection.execute(
@@ -208,16 +242,19 @@ class CmsWriter:
             return load_collection(connection, slug)
 
     def add_field(self, slug: str, spec: FieldSpec) -> None:
-        """A schema change: a new field and its column (activation-aware callers also
-        invalidate coverage; see `processing.activation`)."""
+        """A schema change: a new field and its column; once capture is active the collection's
+        coverage becomes untrusted (EmDash's `invalidateIndexStatusForSchemaChange`)."""
         _validate_fields([spec])
         with self.engine.begin() as connection:
+            state = self._writable_activation_state(connection)
             collection = load_collection(connection, slug)
             order = len(collection.fields)
             self._insert_field(connection, collection.id, spec, order)
             schema.add_content_column(
                 connection, slug, ContentField(spec.slug, field_column_type(spec.type))
             )
+            if state == "active":
+                status_store.invalidate_for_schema_change(connection, collection.id, slug)
 
     # -- entries --------------------------------------------------------------------------
 
@@ -228,6 +265,7 @@ class CmsWriter:
         if not entries:
             return []
         with self.engine.begin() as connection:
+            self._writable_activation_state(connection)
             stamp = connection.execute(select(now())).scalar_one()
             rows = [self._entry_row(table, entry, stamp) for entry in entries]
             connection.execute(insert(table), rows)
@@ -241,6 +279,7 @@ class CmsWriter:
         table = self._table(slug)
         changes = {key: _column_value(table, key, value) for key, value in values.items()}
         with self.engine.begin() as connection:
+            self._writable_activation_state(connection)
             result = connection.execute(
                 update(table)
                 .where(table.c.id == content_id)
@@ -258,6 +297,7 @@ class CmsWriter:
         """A permanent delete."""
         table = self._table(slug)
         with self.engine.begin() as connection:
+            self._writable_activation_state(connection)
             connection.execute(delete(table).where(table.c.id == content_id))
 
     def save_draft(self, slug: str, content_id: str, data: Mapping[str, Any]) -> str:
@@ -265,6 +305,7 @@ class CmsWriter:
         revision_id = new_id()
         table = self._table(slug)
         with self.engine.begin() as connection:
+            self._writable_activation_state(connection)
             connection.execute(
                 insert(schema.revisions).values(
                     id=revision_id,

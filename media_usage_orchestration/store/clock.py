@@ -125,3 +125,8 @@ def lease_live_at_statement(column: ColumnElement) -> ColumnElement[bool]:
 def lease_live_at_clock(column: ColumnElement) -> ColumnElement[bool]:
     """Work, deletion and generation-write guards: compared with the wall clock."""
     return _clock_lease_live(column)
+
+
+def is_due_at_clock(column: ColumnElement) -> ColumnElement[bool]:
+    """`column <= now` on the wall clock (the activation lease's takeover check)."""
+    return ~_clock_lease_live(column)

@@ -1,0 +1,219 @@
+"""The global capture activation row (`_emdash_media_usage_activation`), lease-guarded.
+
+Activation moves `expanded -> activating -> active`. While `activating`, one owner holds a
+300 s lease and converts one collection per step; every write re-asserts that lease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, and_, exists, literal, or_, select, update
+from ulid import ULID
+
+from .clock import is_due_at_clock, lease_live_at_clock, now, timestamp_offset
+from .predicates import is_content_collection_status
+from .schema import ACTIVATION_KEY, activation, collections, index_status
+
+RUNTIME_GENERATION = 1
+ACTIVATION_LEASE_SECONDS = 5 * 60
+ACTIVATION_ERROR_CODE = "MEDIA_USAGE_ACTIVATION_FAILED"
+
+
+class ActivationGenerationError(RuntimeError):
+    """The database was activated by an incompatible runtime generation."""
+
+
+@dataclass(frozen=True)
+class ActivationRow:
+    state: str
+    runtime_generation: int
+    collection_cursor: str | None
+    lease_token: str | None
+    lease_expires_at: str | None
+    attempt_count: int
+    last_error_code: str | None
+    activated_at: str | None
+
+
+def _this_row():
+    return and_(
+        activation.c.task_key == ACTIVATION_KEY,
+        activation.c.runtime_generation == RUNTIME_GENERATION,
+    )
+
+
+def _holds_lease(lease_token: str):
+    return and_(
+        _this_row(),
+        activation.c.state == "activating",
+        activation.c.lease_token == lease_token,
+        activation.c.lease_expires_at.is_not(None),
+        lease_live_at_clock(activation.c.lease_expires_at),
+    )
+
+
+def activation_lease_is_held(lease_token: str):
+    """EXISTS predicate other statements use to re-assert the activation lease."""
+    holder = activation.alias("activation_lease")
+    return exists(
+        select(literal(1))
+        .select_from(holder)
+        .where(
+            holder.c.task_key == ACTIVATION_KEY,
+            holder.c.state == "activating",
+            holder.c.runtime_generation == RUNTIME_GENERATION,
+            holder.c.lease_token == lease_token,
+            holder.c.lease_expires_at.is_not(None),
+            lease_live_at_clock(holder.c.lease_expires_at),
+        )
+    )
+
+
+def read_activation(connection: Connection) -> ActivationRow | None:
+    row = (
+        connection.execute(select(activation).where(activation.c.task_key == ACTIVATION_KEY))
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None
+    if row["runtime_generation"] != RUNTIME_GENERATION:
+        raise ActivationGenerationError("Media usage activation runtime generation mismatch")
+    return ActivationRow(**{field: row[field] for field in ActivationRow.__dataclass_fields__})
+
+
+def claim_activation(connection: Connection) -> tuple[str, ActivationRow] | None:
+    """Take the activation lease: from `expanded`, or from `activating` when unowned/expired."""
+    token = str(ULID())
+    claimable = or_(
+        activation.c.state == "expanded",
+        and_(
+            activation.c.state == "activating",
+            or_(
+                activation.c.lease_token.is_(None),
+                and_(
+                    activation.c.lease_expires_at.is_not(None),
+                    is_due_at_clock(activation.c.lease_expires_at),
+                ),
+            ),
+        ),
+    )
+    row = (
+        connection.execute(
+            update(activation)
+            .where(_this_row(), claimable)
+            .values(
+                state="activating",
+                drain_confirmed_at=now(),
+                lease_token=token,
+                lease_expires_at=timestamp_offset(ACTIVATION_LEASE_SECONDS),
+                attempt_count=activation.c.attempt_count + 1,
+                last_attempted_at=now(),
+                last_error_code=None,
+                updated_at=now(),
+            )
+            .returning(*activation.c)
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None
+    return token, ActivationRow(**{f: row[f] for f in ActivationRow.__dataclass_fields__})
+
+
+def lease_is_live(connection: Connection, lease_token: str) -> bool:
+    found = connection.execute(select(activation.c.task_key).where(_holds_lease(lease_token)))
+    return found.first() is not None
+
+
+def release_batch(connection: Connection, lease_token: str, cursor: str | None) -> bool:
+    result = connection.execute(
+        update(activation)
+        .where(_holds_lease(lease_token))
+        .values(collection_cursor=cursor, lease_token=None, lease_expires_at=None, updated_at=now())
+    )
+    return result.rowcount > 0
+
+
+def _every_collection_active():
+    status = index_status.alias("status")
+    registry = collections.alias("collection")
+    inactive = ~exists(
+        select(literal(1))
+        .select_from(status)
+        .where(
+            is_content_collection_status(status),
+            status.c.scope_key == registry.c.slug,
+            status.c.collection_id == registry.c.id,
+            status.c.capture_state == "active",
+        )
+    )
+    return ~exists(select(literal(1)).select_from(registry).where(inactive))
+
+
+def finalize_activation(connection: Connection, lease_token: str, cursor: str | None) -> bool:
+    """`activating -> active`, only when every registry collection has an active status row."""
+    result = connection.execute(
+        update(activation)
+        .where(_holds_lease(lease_token), _every_collection_active())
+        .values(
+            state="active",
+            collection_cursor=cursor,
+            lease_token=None,
+            lease_expires_at=None,
+            last_error_code=None,
+            activated_at=now(),
+            updated_at=now(),
+        )
+    )
+    return result.rowcount > 0
+
+
+def record_activation_failure(connection: Connection, lease_token: str) -> None:
+    connection.execute(
+        update(activation)
+        .where(
+            _this_row(),
+            activation.c.state == "activating",
+            activation.c.lease_token == lease_token,
+        )
+        .values(
+            lease_token=None,
+            lease_expires_at=None,
+            last_error_code=ACTIVATION_ERROR_CODE,
+            updated_at=now(),
+        )
+    )
+
+
+def find_candidates(
+    connection: Connection, cursor: str | None, limit: int
+) -> list[tuple[str, str]]:
+    statement = select(collections.c.id, collections.c.slug)
+    if cursor:
+        statement = statement.where(collections.c.slug > cursor)
+    rows = connection.execute(statement.order_by(collections.c.slug).limit(limit))
+    return [(row.id, row.slug) for row in rows]
+
+
+def find_incomplete_collection(connection: Connection) -> tuple[str, str] | None:
+    status = index_status.alias("status")
+    active = exists(
+        select(literal(1))
+        .select_from(status)
+        .where(
+            is_content_collection_status(status),
+            status.c.scope_key == collections.c.slug,
+            status.c.collection_id == collections.c.id,
+            status.c.capture_state == "active",
+        )
+    )
+    row = connection.execute(
+        select(collections.c.id, collections.c.slug)
+        .where(~active)
+        .order_by(collections.c.slug)
+        .limit(1)
+    ).first()
+    return (row.id, row.slug) if row else None

@@ -1,0 +1,179 @@
+"""Guarded statements on a collection's index status row (`_emdash_media_usage_index_status`)
+that belong to capture lifecycles: activation, collection creation and schema changes.
+
+The status row is the coverage record and the capture fence at once: `capture_state` decides
+whether content writes are accepted, `change_epoch` orders every captured change.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, and_, case, exists, literal, or_, select, update
+
+from .activation import RUNTIME_GENERATION, activation_lease_is_held
+from .clock import now
+from .predicates import is_content_collection_status, registry_identity_is_current
+from .schema import (
+    ACTIVATION_KEY,
+    COLLECTION_SCOPE,
+    CONTENT_ADAPTER_ID,
+    activation,
+    dialect_insert,
+    index_status,
+)
+
+STALE_CODE = "CONTENT_USAGE_STALE"
+
+
+class LifecycleConflictError(RuntimeError):
+    """The status row belongs to another collection identity or lifecycle."""
+
+
+def _row(collection_id: str, slug: str):
+    return and_(
+        is_content_collection_status(),
+        index_status.c.scope_key == slug,
+        index_status.c.collection_id == collection_id,
+    )
+
+
+def _activation_active():
+    return exists(
+        select(literal(1))
+        .select_from(activation)
+        .where(
+            activation.c.task_key == ACTIVATION_KEY,
+            activation.c.state == "active",
+            activation.c.runtime_generation == RUNTIME_GENERATION,
+        )
+    )
+
+
+def prepare_for_activation(
+    connection: Connection, collection_id: str, slug: str, lease_token: str
+) -> None:
+    """Bind the status row to the collection and fence it as `installing`, untrusted.
+
+    A `complete` or `running` coverage becomes `stale`: writes made before capture existed
+    were never recorded, so only a full reconciliation can trust the index again.
+    """
+    was_trusted = index_status.c.status.in_(("complete", "running"))
+    statement = dialect_insert(connection, index_status).values(
+        adapter_id=CONTENT_ADAPTER_ID,
+        scope_type=COLLECTION_SCOPE,
+        scope_key=slug,
+        status="never",
+        collection_id=collection_id,
+        reconciliation_required=1,
+        capture_state="installing",
+        updated_at=now(),
+    )
+    statement = statement.on_conflict_do_update(
+        index_elements=["adapter_id", "scope_type", "scope_key"],
+        set_={
+            "status": case((was_trusted, "stale"), else_=index_status.c.status),
+            "completed_at": case((was_trusted, None), else_=index_status.c.completed_at),
+            "cursor": None,
+            "collection_id": collection_id,
+            "reconciliation_required": 1,
+            "capture_state": "installing",
+            "updated_at": now(),
+        },
+        where=and_(
+            or_(
+                index_status.c.collection_id.is_(None),
+                index_status.c.collection_id == collection_id,
+            ),
+            or_(index_status.c.capture_state.is_(None), index_status.c.capture_state != "deleting"),
+            activation_lease_is_held(lease_token),
+        ),
+    ).returning(index_status.c.collection_id)
+    bound = connection.execute(statement).scalar_one_or_none()
+    if bound != collection_id:
+        raise LifecycleConflictError("Media usage collection lifecycle identity conflict")
+
+
+def activate_for_activation(
+    connection: Connection, collection_id: str, slug: str, lease_token: str
+) -> bool:
+    result = connection.execute(
+        update(index_status)
+        .where(
+            _row(collection_id, slug),
+            index_status.c.capture_state == "installing",
+            registry_identity_is_current(collection_id, slug),
+            activation_lease_is_held(lease_token),
+        )
+        .values(capture_state="active", updated_at=now())
+    )
+    return result.rowcount > 0
+
+
+def insert_installing_for_new_collection(
+    connection: Connection, collection_id: str, slug: str, creation_fingerprint: str | None = None
+) -> None:
+    """A collection created after activation starts fenced: `installing`, untrusted, `never`."""
+    connection.execute(
+        dialect_insert(connection, index_status).values(
+            adapter_id=CONTENT_ADAPTER_ID,
+            scope_type=COLLECTION_SCOPE,
+            scope_key=slug,
+            status="never",
+            collection_id=collection_id,
+            reconciliation_required=1,
+            capture_state="installing",
+            cursor=creation_fingerprint,
+            updated_at=now(),
+        )
+    )
+
+
+def mark_capture_ready(connection: Connection, collection_id: str, slug: str) -> None:
+    result = connection.execute(
+        update(index_status)
+        .where(
+            _row(collection_id, slug),
+            index_status.c.capture_state.in_(("installing", "ready")),
+            _activation_active(),
+        )
+        .values(capture_state="ready", updated_at=now())
+    )
+    if result.rowcount == 0:
+        raise LifecycleConflictError("Media usage collection readiness lost its fence")
+
+
+def finalize_collection_capture(connection: Connection, collection_id: str, slug: str) -> None:
+    result = connection.execute(
+        update(index_status)
+        .where(
+            _row(collection_id, slug),
+            index_status.c.capture_state == "ready",
+            registry_identity_is_current(collection_id, slug),
+            _activation_active(),
+        )
+        .values(capture_state="active", cursor=None, updated_at=now())
+    )
+    if result.rowcount == 0:
+        raise LifecycleConflictError("Media usage collection activation lost its fence")
+
+
+def invalidate_for_schema_change(connection: Connection, collection_id: str, slug: str) -> None:
+    """A field change while capture is active: coverage is untrusted until reconciled."""
+    result = connection.execute(
+        update(index_status)
+        .where(
+            _row(collection_id, slug),
+            index_status.c.capture_state == "active",
+            registry_identity_is_current(collection_id, slug),
+        )
+        .values(
+            change_epoch=index_status.c.change_epoch + 1,
+            status="stale",
+            completed_at=None,
+            cursor=None,
+            last_error_code=STALE_CODE,
+            reconciliation_required=1,
+            updated_at=now(),
+        )
+    )
+    if result.rowcount == 0:
+        raise LifecycleConflictError("Media usage coverage invalidation lost its fence")
