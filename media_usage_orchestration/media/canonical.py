@@ -1,0 +1,201 @@
+"""JavaScript-compatible JSON: EmDash's canonical stringify, `JSON.parse`, and string order.
+
+EmDash fingerprints (`projection-fingerprint.ts`) hash `JSON.stringify(canonicalize(value))`
+as UTF-8, so every byte here follows JavaScript rather than Python's `json` module: number
+formatting (`2`, `1e+21`, `1e-7`), string escaping (only `"`, `\\`, controls and lone
+surrogates), and ordering by UTF-16 code units.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+# Integers at or beyond 2**53 are not exact in a JS number; they print as the nearest double.
+_MAX_SAFE_INTEGER = 2**53 - 1
+# Keys that JS objects enumerate first, in numeric order (ES "array index": < 2**32 - 1).
+_ARRAY_INDEX_RE = re.compile(r"0|[1-9][0-9]{0,9}")
+_MAX_ARRAY_INDEX = 2**32 - 2
+
+_SURROGATE_PAIR_RE = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+_ESCAPED_RE = re.compile('["\\\\\x00-\x1f\ud800-\udfff]')
+_SHORT_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+
+
+def canonical_json(value: Any) -> str:
+    """EmDash's canonical JSON: sorted object keys, no whitespace, JS number and string output.
+
+    `None` stands for both `null` and `undefined` (EmDash maps `undefined` to `null`);
+    non-finite numbers become `null`, as `canonicalize` does before `JSON.stringify`.
+    """
+    parts: list[str] = []
+    _write(value, parts)
+    return "".join(parts)
+
+
+def sha256_hex(text: str) -> str:
+    """Lowercase hex SHA-256 of `text` encoded as `TextEncoder` would."""
+    return hashlib.sha256(utf8_bytes(text)).hexdigest()
+
+
+def utf8_bytes(text: str) -> bytes:
+    """UTF-8 as `TextEncoder.encode`: lone surrogates become U+FFFD instead of failing."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        joined = _join_surrogate_pairs(text)
+        return _LONE_SURROGATE_RE.sub("\ufffd", joined).encode("utf-8")
+
+
+def utf16_key(text: str) -> bytes:
+    """Sort key equal to JavaScript's default string order (`<`, `Array.prototype.sort`).
+
+    JS compares UTF-16 code units, so a non-BMP character (a surrogate pair, 0xD8xx...) sorts
+    before U+E000..U+FFFF, unlike Python's code-point order.
+    """
+    return text.encode("utf-16-be", "surrogatepass")
+
+
+def parse_json(text: str) -> Any:
+    """`JSON.parse`: Python's parser, minus the `NaN`/`Infinity` literals JS rejects."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def js_trim(text: str) -> str:
+    """`String.prototype.trim`: JS whitespace and line terminators only (not U+001C..U+001F or
+    U+0085, which `str.strip` also removes; U+FEFF is trimmed by JS but not by Python)."""
+    return text.strip(_JS_WHITESPACE)
+
+
+_JS_WHITESPACE = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _write(value: Any, parts: list[str]) -> None:
+    if value is None:
+        parts.append("null")
+    elif value is True:
+        parts.append("true")
+    elif value is False:
+        parts.append("false")
+    elif isinstance(value, str):
+        parts.append(_js_string(value))
+    elif isinstance(value, int | float):
+        parts.append(js_number(value))
+    elif isinstance(value, Mapping):
+        _write_object(value, parts)
+    elif isinstance(value, list | tuple):
+        _write_array(value, parts)
+    else:
+        raise TypeError(f"Cannot canonicalize {type(value).__name__}")
+
+
+def _write_array(values: list | tuple, parts: list[str]) -> None:
+    parts.append("[")
+    for position, item in enumerate(values):
+        if position:
+            parts.append(",")
+        _write(item, parts)
+    parts.append("]")
+
+
+def _write_object(value: Mapping, parts: list[str]) -> None:
+    parts.append("{")
+    for position, key in enumerate(_object_key_order(value)):
+        if position:
+            parts.append(",")
+        parts.append(_js_string(key))
+        parts.append(":")
+        _write(value[key], parts)
+    parts.append("}")
+
+
+def _object_key_order(value: Mapping) -> list[str]:
+    """Keys sorted by code units, then re-enumerated as a JS object does: EmDash rebuilds the
+    object in sorted order, and `JSON.stringify` still lists array-index keys first."""
+    for key in value:
+        if not isinstance(key, str):
+            raise TypeError(f"Object keys must be strings, not {type(key).__name__}")
+    indexes = sorted((key for key in value if _is_array_index(key)), key=int)
+    others = sorted((key for key in value if not _is_array_index(key)), key=utf16_key)
+    return indexes + others
+
+
+def _is_array_index(key: str) -> bool:
+    return _ARRAY_INDEX_RE.fullmatch(key) is not None and int(key) <= _MAX_ARRAY_INDEX
+
+
+def js_number(value: int | float) -> str:
+    """`Number.prototype.toString()` as `JSON.stringify` prints it; non-finite → `null`."""
+    if isinstance(value, int) and abs(value) <= _MAX_SAFE_INTEGER:
+        return str(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        return "null"
+    if not math.isfinite(number):
+        return "null"
+    if number == 0:
+        return "0"
+    sign = "-" if number < 0 else ""
+    return sign + _format_positive(abs(number))
+
+
+def _format_positive(number: float) -> str:
+    # repr() gives the shortest round-tripping digits, the same digits ECMAScript picks.
+    decimal = Decimal(repr(number)).normalize()
+    _, digit_tuple, exponent = decimal.as_tuple()
+    digits = "".join(map(str, digit_tuple))
+    k = len(digits)
+    n = int(exponent) + k  # value = 0.<digits> * 10**n
+    if k <= n <= 21:
+        return digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return f"{digits[:n]}.{digits[n:]}"
+    if -6 < n <= 0:
+        return f"0.{'0' * -n}{digits}"
+    power = n - 1
+    mantissa = digits if k == 1 else f"{digits[0]}.{digits[1:]}"
+    return f"{mantissa}e{'+' if power >= 0 else '-'}{abs(power)}"
+
+
+def _js_string(text: str) -> str:
+    if _ESCAPED_RE.search(text) is None:
+        return f'"{text}"'
+    return f'"{_ESCAPED_RE.sub(_escape, _join_surrogate_pairs(text))}"'
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _SHORT_ESCAPES.get(char) or f"\\u{ord(char):04x}"
+
+
+def _join_surrogate_pairs(text: str) -> str:
+    """A Python string may hold a high and low surrogate as two code points; to JS that is one
+    well-formed character, printed raw rather than escaped."""
+    return _SURROGATE_PAIR_RE.sub(_combine_pair, text)
+
+
+def _combine_pair(match: re.Match[str]) -> str:
+    high, low = (ord(char) for char in match.group())
+    return chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))

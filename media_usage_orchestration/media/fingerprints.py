@@ -1,0 +1,132 @@
+"""The field and projection fingerprints (EmDash `content-fields.ts`, `projection-fingerprint.ts`).
+
+Both are `<prefix><sha256 hex of canonical JSON>`, and EmDash compares them with stored values,
+so the payload shapes, defaults and orderings below are EmDash's, key for key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .canonical import canonical_json, sha256_hex, utf8_bytes, utf16_key
+from .extraction import MediaOccurrence
+from .fields import ExtractionField, FieldDiscovery
+
+if TYPE_CHECKING:
+    from .sources import ContentSource
+
+FINGERPRINT_VERSION = 1
+CONTENT_SOURCE_SCHEMA_VERSION = 1
+FIELD_FINGERPRINT_PREFIX = "media-usage-fields:v1:sha256:"
+PROJECTION_FINGERPRINT_PREFIX = "media-usage-projection:v1:sha256:"
+_PROJECTION_FINGERPRINT_RE = re.compile(re.escape(PROJECTION_FINGERPRINT_PREFIX) + "[a-f0-9]{64}")
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    value: str
+    byte_length: int  # UTF-8 length of the hashed payload; admission counts it as bytes
+
+
+def field_fingerprint(discovery: FieldDiscovery) -> str:
+    """Changes when a media field, a repeater image sub-field or title/name changes."""
+    payload = {
+        "fingerprintVersion": FINGERPRINT_VERSION,
+        "contentSourceSchemaVersion": CONTENT_SOURCE_SCHEMA_VERSION,
+        "extractionFields": extraction_schema(discovery.extraction_fields),
+        "displayFieldSlugs": sorted(discovery.display_field_slugs, key=utf16_key),
+    }
+    return _fingerprint(FIELD_FINGERPRINT_PREFIX, payload).value
+
+
+def projection_fingerprint(
+    collection_id: str,
+    discovery: FieldDiscovery,
+    source: ContentSource,
+    occurrences: Iterable[MediaOccurrence],
+    *,
+    source_completeness: str = "complete",
+) -> Fingerprint:
+    """The fingerprint of one source's projection (its descriptive columns and occurrences).
+
+    Neither `source_updated_at` nor `source_version` is hashed: an edit that changes no
+    projected value keeps the fingerprint, which is what makes a refresh a no-op.
+    """
+    if not collection_id:
+        raise ValueError("Media usage projection fingerprints require a collection identity")
+    payload = {
+        "fingerprintVersion": FINGERPRINT_VERSION,
+        "collectionId": collection_id,
+        "extractionSchema": extraction_schema(discovery.extraction_fields),
+        "source": _source_payload(source, source_completeness),
+        "occurrences": _sorted_occurrence_payloads(occurrences),
+    }
+    return _fingerprint(PROJECTION_FINGERPRINT_PREFIX, payload)
+
+
+def is_projection_fingerprint(value: object) -> bool:
+    return isinstance(value, str) and _PROJECTION_FINGERPRINT_RE.fullmatch(value) is not None
+
+
+def extraction_schema(fields: Sequence[ExtractionField]) -> list[dict[str, Any]]:
+    """Fields as hashed: `{slug, type}`, repeaters with `subFields`, sorted by code units
+    (the discovery list itself is in `localeCompare` order, which differs for `_`)."""
+    entries = []
+    for field in fields:
+        entry: dict[str, Any] = {"slug": field.slug, "type": field.type}
+        if field.type == "repeater":
+            sub_fields = [{"slug": sub.slug, "type": sub.type} for sub in field.sub_fields]
+            entry["subFields"] = sorted(sub_fields, key=lambda sub: utf16_key(sub["slug"]))
+        entries.append(entry)
+    return sorted(entries, key=lambda entry: utf16_key(entry["slug"]))
+
+
+def _source_payload(source: ContentSource, source_completeness: str) -> dict[str, Any]:
+    return {
+        "sourceKey": source.source_key,
+        "sourceType": source.source_type,
+        "collectionSlug": source.collection_slug,
+        "contentId": source.content_id,
+        "sourceVariant": source.source_variant,
+        "locale": source.locale,
+        "translationGroup": source.translation_group,
+        "contentSlug": source.content_slug,
+        "contentTitle": source.content_title,
+        "contentStatus": source.content_status,
+        "contentScheduledAt": source.content_scheduled_at,
+        "contentDeletedAt": source.content_deleted_at,
+        "revisionId": source.revision_id,
+        "schemaVersion": 1 if source.schema_version is None else source.schema_version,
+        "sourceCompleteness": source_completeness,
+    }
+
+
+def _sorted_occurrence_payloads(occurrences: Iterable[MediaOccurrence]) -> list[dict[str, Any]]:
+    """Sorted by each occurrence's own canonical JSON, compared by code units."""
+    keyed = [
+        (canonical_json(payload), payload) for payload in map(_occurrence_payload, occurrences)
+    ]
+    keyed.sort(key=lambda pair: utf16_key(pair[0]))
+    return [payload for _, payload in keyed]
+
+
+def _occurrence_payload(occurrence: MediaOccurrence) -> dict[str, Any]:
+    return {
+        "fieldSlug": occurrence.field_slug,
+        "fieldPath": occurrence.field_path,
+        "occurrenceIndex": occurrence.occurrence_index or 0,
+        "referenceType": occurrence.reference_type,
+        "mediaId": occurrence.media_id,
+        "provider": occurrence.provider,
+        "providerAssetId": occurrence.provider_asset_id,
+        "mediaKind": occurrence.media_kind,
+        "mimeType": occurrence.mime_type,
+    }
+
+
+def _fingerprint(prefix: str, payload: Any) -> Fingerprint:
+    text = canonical_json(payload)
+    return Fingerprint(f"{prefix}{sha256_hex(text)}", len(utf8_bytes(text)))
