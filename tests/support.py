@@ -139,3 +139,36 @@ __all__ = [
     "snapshot",
     "status_row",
 ]
+
+
+def insert_rows(engine: Engine, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert rows directly (one transaction), for building states the code under test reads."""
+    if rows:
+        with engine.begin() as connection:
+            connection.execute(table.insert(), list(rows))
+
+
+class recorded_statements:
+    """`with recorded_statements(engine) as sent:` collects every SQL statement the engine
+    sends inside the block (BEGIN included)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.statements: list[str] = []
+
+    def _record(self, _connection, _cursor, statement, _parameters, _context, _executemany):
+        self.statements.append(statement)
+
+    def __enter__(self) -> list[str]:
+        from sqlalchemy import event
+
+        event.listen(self.engine, "before_cursor_execute", self._record)
+        return self.statements
+
+    def __exit__(self, *_exc) -> None:
+        from sqlalchemy import event
+
+        event.remove(self.engine, "before_cursor_execute", self._record)
+
+
+__all__ += ["insert_rows", "recorded_statements"]

@@ -1,0 +1,150 @@
+"""Builders for collection-deletion states shared by the deletion tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sqlalchemy import Engine, update
+
+from media_usage_orchestration.cms import Collection
+from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.deletions import (
+    DeletionClaim,
+    DeletionPhase,
+    DeletionRecord,
+    DeletionRepository,
+)
+from tests.support import backdate, insert_rows
+
+LEASE_SECONDS = 300
+FIXED_TIME = "2026-01-01T00:00:00.000Z"
+
+
+def tombstone(
+    engine: Engine,
+    collection: Collection,
+    phase: DeletionPhase = DeletionPhase.FENCE,
+    *,
+    force: bool = False,
+) -> DeletionRecord:
+    """A pending tombstone already moved to `phase` (as if earlier phases had run)."""
+    record = DeletionRepository(engine).create_tombstone(collection.id, collection.slug, force)
+    if phase is not DeletionPhase.FENCE:
+        table = schema.collection_deletions
+        with engine.begin() as connection:
+            connection.execute(
+                update(table)
+                .where(table.c.collection_id == collection.id)
+                .values(phase=phase.value)
+            )
+    return record
+
+
+def claimed(
+    engine: Engine,
+    collection: Collection,
+    phase: DeletionPhase = DeletionPhase.FENCE,
+    *,
+    force: bool = False,
+) -> DeletionClaim:
+    tombstone(engine, collection, phase, force=force)
+    claim = DeletionRepository(engine).claim(collection.id, phase, LEASE_SECONDS)
+    assert claim is not None
+    return claim
+
+
+def expire_lease(engine: Engine, collection_id: str, seconds_ago: int = 1) -> None:
+    table = schema.collection_deletions
+    assert backdate(engine, table, "lease_expires_at", seconds_ago, collection_id=collection_id)
+
+
+def set_tombstone(engine: Engine, collection_id: str, **values) -> None:
+    table = schema.collection_deletions
+    with engine.begin() as connection:
+        connection.execute(
+            update(table).where(table.c.collection_id == collection_id).values(**values)
+        )
+
+
+def add_work(
+    engine: Engine, collection: Collection, content_ids: Iterable[str], state: str = "pending"
+) -> None:
+    insert_rows(
+        engine,
+        schema.work,
+        [
+            {
+                "collection_id": collection.id,
+                "collection_slug": collection.slug,
+                "content_id": content_id,
+                "change_epoch": 1,
+                "state": state,
+                "next_attempt_at": FIXED_TIME,
+            }
+            for content_id in content_ids
+        ],
+    )
+
+
+def add_source(
+    engine: Engine,
+    source_key: str,
+    *,
+    collection_id: str | None,
+    collection_slug: str,
+    identity_version: int | None = 1,
+    occurrence_ids: Iterable[str] = (),
+) -> None:
+    insert_rows(
+        engine,
+        schema.sources,
+        [
+            {
+                "source_key": source_key,
+                "source_type": "content",
+                "collection_slug": collection_slug,
+                "content_id": "entry-000",
+                "source_variant": "columns",
+                "current_generation": "gen-1",
+                "collection_id": collection_id,
+                "identity_version": identity_version,
+            }
+        ],
+    )
+    insert_rows(
+        engine,
+        schema.occurrences,
+        [
+            {
+                "id": occurrence_id,
+                "source_key": source_key,
+                "generation": "gen-1",
+                "field_slug": "hero",
+                "field_path": "hero",
+                "occurrence_index": index,
+                "reference_type": "image_field",
+                "media_id": f"media-{index}",
+                "provider_asset_id": f"media-{index}",
+            }
+            for index, occurrence_id in enumerate(occurrence_ids)
+        ],
+    )
+
+
+def add_reconciliation(engine: Engine, collection: Collection) -> None:
+    insert_rows(
+        engine,
+        schema.reconciliations,
+        [
+            {
+                "collection_id": collection.id,
+                "collection_slug": collection.slug,
+                "run_token": f"run-{collection.slug}",
+                "next_attempt_at": FIXED_TIME,
+            }
+        ],
+    )
+
+
+def ids(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}-{index:03d}" for index in range(count)]
