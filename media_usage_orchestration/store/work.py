@@ -1,0 +1,1061 @@
+"""Durable per-entry media usage work: EmDash's `MediaUsageWorkRepository` on SQLAlchemy Core.
+
+One row per (collection_id, content_id) in `_emdash_media_usage_work`. A row is claimed by
+leasing an exact `work_version`; every later write (complete, retry, fail, renew) re-asserts
+that version, the lease token and a live lease in the same statement, so an owner whose lease
+expired, or whose work was re-enqueued meanwhile, can no longer change anything. All
+timestamps come from the database clock (`store/clock.py`).
+
+Each public method runs in its own transaction (`BEGIN IMMEDIATE` on SQLite). The guards do
+not rely on that transaction: every statement is individually guarded, as in the seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    Integer,
+    Select,
+    String,
+    Text,
+    and_,
+    case,
+    column,
+    delete,
+    exists,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    update,
+    values,
+)
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import FromClause
+from ulid import ULID
+
+from .clock import (
+    is_due,
+    lease_live_at_clock,
+    lease_live_at_statement,
+    now,
+    timestamp_offset,
+    validate_duration,
+)
+from .cursors import PageCursor, decode_cursor, encode_cursor
+from .engine import is_postgres, read_transaction
+from .identifiers import require_text, validate_error_code
+from .predicates import (
+    activation_is_active,
+    is_content_collection_status,
+    no_deletion_tombstone,
+    registry_identity_is_current,
+)
+from .records import (
+    LeaseState,
+    bounded_limit,
+    non_negative_whole,
+    parse_lease_state,
+    positive_whole,
+)
+from .schema import collections, dialect_insert, index_status, reconciliations, work
+
+MAX_WORK_SELECTION_LIMIT = 100
+OPERATOR_DEFAULT_LIMIT = 50
+OPERATOR_MAX_LIMIT = 100
+RECONCILIATION_PAGE_LIMIT = 50
+RECONCILIATION_PHASES = ("scan", "sources")
+
+_PENDING = LeaseState.PENDING.value
+_RETRY = LeaseState.RETRY.value
+_LEASED = LeaseState.LEASED.value
+_DUE_STATES = (LeaseState.PENDING, LeaseState.RETRY, LeaseState.LEASED)
+_WORK_COLUMNS = tuple(work.c.keys())
+
+
+# --- records ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkLease:
+    """What a claimer must present to complete, retry, fail or renew its work."""
+
+    collection_id: str
+    content_id: str
+    work_version: int
+    lease_token: str
+
+
+@dataclass(frozen=True)
+class WorkRecord:
+    collection_id: str
+    collection_slug: str
+    content_id: str
+    change_epoch: int
+    work_version: int
+    state: LeaseState
+    attempt_count: int
+    next_attempt_at: str
+    lease_token: str | None
+    lease_expires_at: str | None
+    last_attempted_at: str | None
+    last_error_code: str | None
+    created_at: str
+    updated_at: str
+
+    @property
+    def lease(self) -> WorkLease | None:
+        """The lease this record carries, when it is a leased row."""
+        if self.state is not LeaseState.LEASED or not self.lease_token:
+            return None
+        return WorkLease(self.collection_id, self.content_id, self.work_version, self.lease_token)
+
+    @property
+    def due_at(self) -> str:
+        """When the row becomes (or became) claimable: the seed's `dueTimestamp`."""
+        if self.state is not LeaseState.LEASED:
+            return self.next_attempt_at
+        if not self.lease_expires_at:
+            raise ValueError("Due leased media usage work must have a lease expiry")
+        return self.lease_expires_at
+
+
+@dataclass(frozen=True)
+class OperatorWorkItem:
+    """A work row as operators see it: never its version, epoch or lease token."""
+
+    collection_id: str
+    collection_slug: str
+    content_id: str
+    state: LeaseState
+    attempt_count: int
+    next_attempt_at: str
+    lease_expires_at: str | None
+    last_attempted_at: str | None
+    last_error_code: str | None
+    updated_at: str
+
+    @classmethod
+    def from_record(cls, record: WorkRecord) -> OperatorWorkItem:
+        return cls(
+            collection_id=record.collection_id,
+            collection_slug=record.collection_slug,
+            content_id=record.content_id,
+            state=record.state,
+            attempt_count=record.attempt_count,
+            next_attempt_at=record.next_attempt_at,
+            lease_expires_at=record.lease_expires_at,
+            last_attempted_at=record.last_attempted_at,
+            last_error_code=record.last_error_code,
+            updated_at=record.updated_at,
+        )
+
+
+@dataclass(frozen=True)
+class OperatorPage:
+    items: tuple[OperatorWorkItem, ...]
+    next_cursor: str | None = None
+
+
+class OperatorRetryOutcome(StrEnum):
+    PENDING = "pending"
+    LEASE_ACTIVE = "lease_active"
+    COLLECTION_NOT_FOUND = "collection_not_found"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class OperatorRetryResult:
+    """`pending` carries `changed` and `work`; `lease_active` carries only the expiry."""
+
+    outcome: OperatorRetryOutcome
+    changed: bool = False
+    work: OperatorWorkItem | None = None
+    lease_expires_at: str | None = None
+
+    @classmethod
+    def pending(cls, changed: bool, record: WorkRecord) -> OperatorRetryResult:
+        item = OperatorWorkItem.from_record(record)
+        return cls(OperatorRetryOutcome.PENDING, changed=changed, work=item)
+
+    @classmethod
+    def lease_active(cls, lease_expires_at: str) -> OperatorRetryResult:
+        return cls(OperatorRetryOutcome.LEASE_ACTIVE, lease_expires_at=lease_expires_at)
+
+    @classmethod
+    def collection_not_found(cls) -> OperatorRetryResult:
+        return cls(OperatorRetryOutcome.COLLECTION_NOT_FOUND)
+
+    @classmethod
+    def conflict(cls) -> OperatorRetryResult:
+        return cls(OperatorRetryOutcome.CONFLICT)
+
+
+def _record(row: Mapping[str, Any]) -> WorkRecord:
+    return WorkRecord(
+        collection_id=row["collection_id"],
+        collection_slug=row["collection_slug"],
+        content_id=row["content_id"],
+        change_epoch=int(row["change_epoch"]),
+        work_version=int(row["work_version"]),
+        state=parse_lease_state(row["state"], "media usage work"),
+        attempt_count=int(row["attempt_count"]),
+        next_attempt_at=row["next_attempt_at"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        last_attempted_at=row["last_attempted_at"],
+        last_error_code=row["last_error_code"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _is_pending_under(record: WorkRecord | None, collection_slug: str) -> bool:
+    return (
+        record is not None
+        and record.state is LeaseState.PENDING
+        and record.collection_slug == collection_slug
+    )
+
+
+def _records(rows: Iterable[Any]) -> list[WorkRecord]:
+    return [_record(row._mapping) for row in rows]
+
+
+def due_order_key(record: WorkRecord) -> tuple[str, str, str, str]:
+    """The seed's `compareDueWork` (its `localeCompare` on these ASCII values is code-point order)."""
+    return (record.due_at, record.updated_at, record.collection_id, record.content_id)
+
+
+def _operator_order_key(item: OperatorWorkItem) -> tuple[str, str]:
+    return (item.updated_at, item.content_id)
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+def _identity(collection_id: object, content_id: object) -> tuple[str, str]:
+    message = "Media usage work identity must include collection and content IDs"
+    return require_text(collection_id, message), require_text(content_id, message)
+
+
+def _work_version(value: int | str) -> int:
+    try:
+        return positive_whole(value, "Media usage work identity work version")
+    except ValueError:
+        raise ValueError("Media usage work identity must include a work version") from None
+
+
+def _validated_lease(lease: WorkLease) -> WorkLease:
+    if not isinstance(lease, WorkLease):
+        raise ValueError("Media usage work lease must be a WorkLease")
+    collection_id, content_id = _identity(lease.collection_id, lease.content_id)
+    version = _work_version(lease.work_version)
+    token = require_text(lease.lease_token, "Media usage work lease token must not be empty")
+    return WorkLease(collection_id, content_id, version, token)
+
+
+def _change_epoch(value: int | str) -> int:
+    return non_negative_whole(value, "Media usage work change epoch")
+
+
+def _lease_seconds(value: int) -> int:
+    return validate_duration(value, "Media usage work lease duration", allow_zero=False)
+
+
+def _error_code(value: str) -> str:
+    return validate_error_code(value, "Media usage work error code")
+
+
+def _due_limit(value: int) -> int:
+    return bounded_limit(
+        value,
+        1,
+        MAX_WORK_SELECTION_LIMIT,
+        f"Media usage due-work limit must be a whole number from 1 to {MAX_WORK_SELECTION_LIMIT}",
+    )
+
+
+def _operator_limit(value: int | None) -> int:
+    if value is None:
+        return OPERATOR_DEFAULT_LIMIT
+    return bounded_limit(
+        value,
+        1,
+        OPERATOR_MAX_LIMIT,
+        f"Media usage operator limit must be a whole number from 1 to {OPERATOR_MAX_LIMIT}",
+    )
+
+
+def _operator_state(value: LeaseState | str | None) -> LeaseState | None:
+    if value is None:
+        return None
+    try:
+        return LeaseState(value)
+    except ValueError:
+        raise ValueError("Media usage work listing requires a valid state") from None
+
+
+def _page_content_ids(content_ids: Sequence[str]) -> list[str]:
+    if isinstance(content_ids, str):
+        raise ValueError("Reconciliation enqueue content IDs must be a sequence of IDs")
+    unique = list(dict.fromkeys(content_ids))
+    if not 1 <= len(unique) <= RECONCILIATION_PAGE_LIMIT:
+        raise ValueError(
+            f"Reconciliation enqueue requires from 1 to {RECONCILIATION_PAGE_LIMIT} content IDs"
+        )
+    for content_id in unique:
+        require_text(content_id, "Reconciliation enqueue content IDs must not be empty")
+    return unique
+
+
+# --- guards -----------------------------------------------------------------------------------
+
+
+def _is_identity(collection_id: str, content_id: str, table: FromClause = work):
+    return and_(table.c.collection_id == collection_id, table.c.content_id == content_id)
+
+
+def _lease_has_expired(table: FromClause = work) -> ColumnElement[bool]:
+    """An expired lease may be taken over; a NULL expiry is never treated as expired."""
+    return and_(table.c.lease_expires_at.is_not(None), is_due(table.c.lease_expires_at))
+
+
+def _lease_is_live() -> ColumnElement[bool]:
+    """The seed's `leaseIsLive()`: work leases are judged against the wall clock."""
+    return lease_live_at_clock(work.c.lease_expires_at)
+
+
+def _is_claimable(table: FromClause = work) -> ColumnElement[bool]:
+    """Due pending/retry work, or leased work whose owner let the lease expire."""
+    return or_(
+        and_(table.c.state.in_((_PENDING, _RETRY)), is_due(table.c.next_attempt_at)),
+        and_(table.c.state == _LEASED, _lease_has_expired(table)),
+    )
+
+
+def _holds_lease(lease: WorkLease) -> ColumnElement[bool]:
+    """Only the current owner of this exact version may write: a re-enqueue bumps the version,
+    a takeover changes the token, and an expired lease belongs to nobody."""
+    return and_(
+        _is_identity(lease.collection_id, lease.content_id),
+        work.c.work_version == lease.work_version,
+        work.c.state == _LEASED,
+        work.c.lease_token == lease.lease_token,
+        _lease_is_live(),
+    )
+
+
+def _capture_is_active(status: FromClause) -> ColumnElement[bool]:
+    return and_(is_content_collection_status(status), status.c.capture_state == "active")
+
+
+def _status_joins_registry(status: FromClause, collection: FromClause) -> ColumnElement[bool]:
+    return and_(status.c.collection_id == collection.c.id, status.c.scope_key == collection.c.slug)
+
+
+def _status_owns_run(status: FromClause, run_token: str, change_epoch: int):
+    """The seed's `statusOwnsRun`: coverage is untrusted and this run is its running owner at
+    exactly this epoch, so a capture write or a newer run invalidates the page."""
+    return and_(
+        _capture_is_active(status),
+        status.c.reconciliation_required == 1,
+        status.c.status == "running",
+        status.c.cursor == run_token,
+        status.c.change_epoch == change_epoch,
+    )
+
+
+def _reconciliation_owns_page(
+    *,
+    collection_id: str,
+    collection_slug: str,
+    run_token: str,
+    lease_token: str,
+    change_epoch: int,
+    phase: str,
+) -> ColumnElement[bool]:
+    """Only the live reconciliation lease that owns this run, phase and epoch may enqueue;
+    anything else (a takeover, a restart, a deletion, deactivation) enqueues nothing."""
+    reconciliation = reconciliations.alias("reconciliation")
+    status = index_status.alias("status")
+    joined = reconciliation.join(
+        status,
+        and_(
+            status.c.collection_id == reconciliation.c.collection_id,
+            status.c.scope_key == reconciliation.c.collection_slug,
+        ),
+    )
+    return exists(
+        select(literal(1))
+        .select_from(joined)
+        .where(
+            reconciliation.c.collection_id == collection_id,
+            reconciliation.c.collection_slug == collection_slug,
+            reconciliation.c.run_token == run_token,
+            reconciliation.c.target_epoch == change_epoch,
+            reconciliation.c.state == _LEASED,
+            reconciliation.c.phase == phase,
+            reconciliation.c.lease_token == lease_token,
+            lease_live_at_statement(reconciliation.c.lease_expires_at),
+            registry_identity_is_current(
+                reconciliation.c.collection_id, reconciliation.c.collection_slug
+            ),
+            _status_owns_run(status, run_token, change_epoch),
+            activation_is_active(),
+            no_deletion_tombstone(reconciliation.c.collection_id),
+        )
+    )
+
+
+def _observed_work_unchanged(observed: WorkRecord) -> ColumnElement[bool]:
+    """The row the operator looked at is still the same version and state (and, if leased,
+    still abandoned), so the retry cannot overwrite newer work or steal a live lease."""
+    current = work.alias("work")
+    conditions = [
+        current.c.collection_id == index_status.c.collection_id,
+        current.c.content_id == observed.content_id,
+        current.c.work_version == observed.work_version,
+        current.c.state == observed.state.value,
+    ]
+    if observed.state is LeaseState.LEASED:
+        conditions.append(_lease_has_expired(current))
+    return exists(select(literal(1)).select_from(current).where(*conditions))
+
+
+def _no_work_exists(content_id: str) -> ColumnElement[bool]:
+    """Creating work is only right while no row exists; otherwise another writer got there."""
+    current = work.alias("work")
+    return ~exists(
+        select(literal(1))
+        .select_from(current)
+        .where(
+            current.c.collection_id == index_status.c.collection_id,
+            current.c.content_id == content_id,
+        )
+    )
+
+
+def _status_reached_epoch(collection_id: str, collection_slug: str, change_epoch: int):
+    """The coverage bump this retry made is still the latest: the collection is still current
+    and active, and no other writer advanced the epoch in between."""
+    collection = collections.alias("collection")
+    status = index_status.alias("status")
+    return exists(
+        select(collection.c.id)
+        .select_from(collection.join(status, _status_joins_registry(status, collection)))
+        .where(
+            collection.c.id == collection_id,
+            collection.c.slug == collection_slug,
+            _capture_is_active(status),
+            status.c.change_epoch == change_epoch,
+        )
+    )
+
+
+# --- statements -------------------------------------------------------------------------------
+
+
+def due_rows_statement(state: LeaseState | str, limit: int) -> Select:
+    """One of `find_due_work`'s three indexed queries (the seed's `findDueRows`)."""
+    state = LeaseState(state)
+    if state not in _DUE_STATES:
+        raise ValueError("Failed media usage work is never due")
+    limit = _due_limit(limit)
+    if state is LeaseState.LEASED:
+        column_ = work.c.lease_expires_at
+        order = (column_, work.c.collection_id, work.c.content_id)
+    else:
+        column_ = work.c.next_attempt_at
+        order = (column_, work.c.updated_at, work.c.collection_id, work.c.content_id)
+    return (
+        select(work)
+        .where(work.c.state == state.value, is_due(column_))
+        .order_by(*order)
+        .limit(limit)
+    )
+
+
+def _operator_rows_statement(
+    collection_id: str,
+    collection_slug: str,
+    state: LeaseState,
+    limit: int,
+    cursor: PageCursor | None,
+) -> Select:
+    statement = select(work).where(
+        registry_identity_is_current(work.c.collection_id, work.c.collection_slug),
+        work.c.collection_id == collection_id,
+        work.c.collection_slug == collection_slug,
+        work.c.state == state.value,
+    )
+    if cursor is not None:
+        statement = statement.where(
+            or_(
+                work.c.updated_at < cursor.order_value,
+                and_(work.c.updated_at == cursor.order_value, work.c.content_id < cursor.id),
+            )
+        )
+    return statement.order_by(work.c.updated_at.desc(), work.c.content_id.desc()).limit(limit)
+
+
+def _due_at(table: FromClause):
+    return case((table.c.state == _LEASED, table.c.lease_expires_at), else_=table.c.next_attempt_at)
+
+
+def _batch_candidates(limit: int, lock: bool) -> FromClause:
+    """Up to `limit` claimable rows in due order, each numbered 1..n by that order."""
+    due = work.alias("due_work")
+    locked = (
+        select(
+            due.c.collection_id,
+            due.c.content_id,
+            due.c.work_version,
+            due.c.updated_at,
+            _due_at(due).label("due_at"),
+        )
+        .where(_is_claimable(due))
+        .order_by(_due_at(due), due.c.updated_at, due.c.collection_id, due.c.content_id)
+        .limit(limit)
+    )
+    if lock:
+        # Concurrent batch claimers on PostgreSQL take disjoint rows instead of queueing on
+        # (and then losing) the same ones.
+        locked = locked.with_for_update(skip_locked=True)
+    locked = locked.subquery("locked")
+    rank = func.row_number().over(
+        order_by=(locked.c.due_at, locked.c.updated_at, locked.c.collection_id, locked.c.content_id)
+    )
+    return select(
+        locked.c.collection_id,
+        locked.c.content_id,
+        locked.c.work_version,
+        rank.label("rank"),
+    ).subquery("candidate")
+
+
+# --- repository -------------------------------------------------------------------------------
+
+
+class WorkRepository:
+    """EmDash's `MediaUsageWorkRepository`, one public method per seed method, plus
+    `renew_lease` and `claim_due_batch`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- reconciliation enqueue ----------------------------------------------------------------
+
+    def enqueue_reconciliation_page(
+        self,
+        *,
+        collection_id: str,
+        collection_slug: str,
+        run_token: str,
+        lease_token: str,
+        change_epoch: int | str,
+        phase: str,
+        content_ids: Sequence[str],
+    ) -> int:
+        """Upsert one page of pending work at `change_epoch`, in one statement.
+
+        Rows are inserted, or existing rows with an older epoch are reopened (version + 1,
+        attempt and lease cleared); rows at the same or a newer epoch are left alone. Nothing
+        is written unless the caller's reconciliation lease owns this run, phase and epoch.
+        Returns how many rows were inserted or reopened (the seed returns nothing).
+        """
+        message = "Reconciliation enqueue requires exact collection and lease identity"
+        for value in (collection_id, collection_slug, run_token, lease_token):
+            require_text(value, message)
+        epoch = _change_epoch(change_epoch)
+        if phase not in RECONCILIATION_PHASES:
+            raise ValueError("Reconciliation enqueue requires phase 'scan' or 'sources'")
+        page_ids = _page_content_ids(content_ids)
+        owns_page = _reconciliation_owns_page(
+            collection_id=collection_id,
+            collection_slug=collection_slug,
+            run_token=run_token,
+            lease_token=lease_token,
+            change_epoch=epoch,
+            phase=str(phase),
+        )
+        with self.engine.begin() as connection:
+            statement = self._enqueue_statement(
+                connection, collection_id, collection_slug, epoch, page_ids, owns_page
+            )
+            return len(connection.execute(statement).all())
+
+    @staticmethod
+    def _enqueue_statement(
+        connection: Connection,
+        collection_id: str,
+        collection_slug: str,
+        epoch: int,
+        page_ids: list[str],
+        owns_page: ColumnElement[bool],
+    ):
+        page = (
+            values(column("content_id", Text), name="page")
+            .data([(content_id,) for content_id in page_ids])
+            .cte("page")
+        )
+        source = (
+            select(
+                literal(collection_id, String),
+                literal(collection_slug, String),
+                page.c.content_id,
+                literal(epoch, BigInteger),
+                literal(1, BigInteger),
+                literal(_PENDING, String),
+                literal(0, Integer),
+                now(),
+                null(),
+                null(),
+                null(),
+                null(),
+                now(),
+                now(),
+            )
+            .select_from(page)
+            # Also the WHERE SQLite needs to parse INSERT ... SELECT ... ON CONFLICT.
+            .where(owns_page)
+        )
+        insert = dialect_insert(connection, work).from_select(_WORK_COLUMNS, source)
+        excluded = insert.excluded
+        return insert.on_conflict_do_update(
+            index_elements=[work.c.collection_id, work.c.content_id],
+            set_={
+                "collection_slug": excluded.collection_slug,
+                "change_epoch": excluded.change_epoch,
+                "work_version": work.c.work_version + 1,
+                "state": _PENDING,
+                "attempt_count": 0,
+                "next_attempt_at": excluded.next_attempt_at,
+                "lease_token": None,
+                "lease_expires_at": None,
+                "last_attempted_at": None,
+                "last_error_code": None,
+                "updated_at": excluded.updated_at,
+            },
+            # Work already produced at this epoch or a newer one must not be reset.
+            where=work.c.change_epoch < excluded.change_epoch,
+        ).returning(work.c.content_id)
+
+    # -- operator listing ----------------------------------------------------------------------
+
+    def find_operator_page(
+        self,
+        collection_slug: str,
+        *,
+        state: LeaseState | str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> OperatorPage | None:
+        """A page of the collection's work, newest first; None if the slug is not registered."""
+        require_text(collection_slug, "Media usage work listing requires a collection slug")
+        wanted = _operator_state(state)
+        limit = _operator_limit(limit)
+        position = decode_cursor(cursor) if cursor else None
+        with read_transaction(self.engine) as connection:
+            collection = connection.execute(
+                select(collections.c.id, collections.c.slug).where(
+                    collections.c.slug == collection_slug
+                )
+            ).first()
+            if collection is None:
+                return None
+            states = (wanted,) if wanted else tuple(LeaseState)
+            candidates = [
+                OperatorWorkItem.from_record(record)
+                for each in states
+                for record in self._operator_rows(connection, collection, each, limit, position)
+            ]
+        ordered = sorted(candidates, key=_operator_order_key, reverse=True)
+        items = tuple(ordered[:limit])
+        if len(ordered) > limit and items:
+            return OperatorPage(items, encode_cursor(items[-1].updated_at, items[-1].content_id))
+        return OperatorPage(items)
+
+    @staticmethod
+    def _operator_rows(
+        connection: Connection, collection, state: LeaseState, limit: int, cursor: PageCursor | None
+    ) -> list[WorkRecord]:
+        statement = _operator_rows_statement(
+            collection.id, collection.slug, state, limit + 1, cursor
+        )
+        return _records(connection.execute(statement))
+
+    # -- operator retry ------------------------------------------------------------------------
+
+    def retry_operator_work(self, collection_id: str, content_id: str) -> OperatorRetryResult:
+        """Reopen (or create) one entry's work as pending at a freshly bumped coverage epoch.
+
+        Pending work is reported unchanged; a live lease is never stolen; losing any race
+        reports what won instead (pending unchanged, lease_active, collection_not_found or
+        conflict), with coverage left stale rather than trusted.
+        """
+        message = "Media usage operator retry requires collection and content IDs"
+        require_text(collection_id, message)
+        require_text(content_id, message)
+        with self.engine.begin() as connection:
+            return self._retry_operator_work(connection, collection_id, content_id)
+
+    def _retry_operator_work(
+        self, connection: Connection, collection_id: str, content_id: str
+    ) -> OperatorRetryResult:
+        collection = self._active_collection(connection, collection_id)
+        if collection is None:
+            return OperatorRetryResult.collection_not_found()
+        observed = self._work_by_identity(connection, collection_id, content_id)
+        if _is_pending_under(observed, collection.slug):
+            return OperatorRetryResult.pending(False, observed)
+        epoch = self._invalidate_coverage(
+            connection, collection_id, collection.slug, content_id, observed
+        )
+        if epoch is None:
+            return self._operator_retry_lost(connection, collection_id, content_id)
+        if observed:
+            reopened = self._reopen_observed(connection, observed, collection.slug, epoch)
+        else:
+            reopened = self._create_operator_work(
+                connection, collection_id, collection.slug, content_id, epoch
+            )
+        if reopened:
+            return OperatorRetryResult.pending(True, reopened)
+        return self._operator_retry_lost(connection, collection_id, content_id)
+
+    @staticmethod
+    def _active_collection(connection: Connection, collection_id: str):
+        collection = collections.alias("collection")
+        status = index_status.alias("status")
+        return connection.execute(
+            select(collection.c.id, collection.c.slug)
+            .select_from(collection.join(status, _status_joins_registry(status, collection)))
+            .where(collection.c.id == collection_id, _capture_is_active(status))
+        ).first()
+
+    @staticmethod
+    def _work_by_identity(
+        connection: Connection, collection_id: str, content_id: str
+    ) -> WorkRecord | None:
+        row = connection.execute(
+            select(work).where(_is_identity(collection_id, content_id))
+        ).first()
+        return _record(row._mapping) if row else None
+
+    @staticmethod
+    def _invalidate_coverage(
+        connection: Connection,
+        collection_id: str,
+        collection_slug: str,
+        content_id: str,
+        observed: WorkRecord | None,
+    ) -> int | None:
+        status = index_status
+        work_unchanged = (
+            _observed_work_unchanged(observed) if observed else _no_work_exists(content_id)
+        )
+        epoch = connection.execute(
+            update(status)
+            .values(
+                change_epoch=status.c.change_epoch + 1,
+                status=case((status.c.status == "complete", "stale"), else_=status.c.status),
+                completed_at=case(
+                    (status.c.status == "complete", null()), else_=status.c.completed_at
+                ),
+                updated_at=now(),
+            )
+            .where(
+                _capture_is_active(status),
+                status.c.scope_key == collection_slug,
+                status.c.collection_id == collection_id,
+                registry_identity_is_current(status.c.collection_id, status.c.scope_key),
+                work_unchanged,
+            )
+            .returning(status.c.change_epoch)
+        ).scalar_one_or_none()
+        return None if epoch is None else int(epoch)
+
+    @staticmethod
+    def _reopen_observed(
+        connection: Connection, observed: WorkRecord, collection_slug: str, epoch: int
+    ) -> WorkRecord | None:
+        conditions = [
+            _is_identity(observed.collection_id, observed.content_id),
+            work.c.work_version == observed.work_version,
+            work.c.state == observed.state.value,
+            _status_reached_epoch(observed.collection_id, collection_slug, epoch),
+        ]
+        if observed.state is LeaseState.LEASED:
+            conditions.append(_lease_has_expired())
+        row = connection.execute(
+            update(work)
+            .values(
+                collection_slug=collection_slug,
+                change_epoch=epoch,
+                work_version=work.c.work_version + 1,
+                state=_PENDING,
+                attempt_count=0,
+                next_attempt_at=now(),
+                lease_token=None,
+                lease_expires_at=None,
+                last_attempted_at=None,
+                last_error_code=None,
+                updated_at=now(),
+            )
+            .where(*conditions)
+            .returning(*work.c)
+        ).first()
+        return _record(row._mapping) if row else None
+
+    @staticmethod
+    def _create_operator_work(
+        connection: Connection,
+        collection_id: str,
+        collection_slug: str,
+        content_id: str,
+        epoch: int,
+    ) -> WorkRecord | None:
+        status = index_status.alias("status")
+        collection = collections.alias("collection")
+        source = (
+            select(
+                literal(collection_id, String),
+                collection.c.slug,
+                literal(content_id, String),
+                status.c.change_epoch,
+                literal(1, BigInteger),
+                literal(_PENDING, String),
+                literal(0, Integer),
+                now(),
+                null(),
+                null(),
+                null(),
+                null(),
+                now(),
+                now(),
+            )
+            .select_from(status.join(collection, _status_joins_registry(status, collection)))
+            .where(
+                _capture_is_active(status),
+                status.c.scope_key == collection_slug,
+                status.c.collection_id == collection_id,
+                # Only at the epoch this retry produced: a newer writer's work wins.
+                status.c.change_epoch == epoch,
+            )
+        )
+        statement = (
+            dialect_insert(connection, work)
+            .from_select(_WORK_COLUMNS, source)
+            .on_conflict_do_nothing(index_elements=[work.c.collection_id, work.c.content_id])
+            .returning(*work.c)
+        )
+        row = connection.execute(statement).first()
+        return _record(row._mapping) if row else None
+
+    def _operator_retry_lost(
+        self, connection: Connection, collection_id: str, content_id: str
+    ) -> OperatorRetryResult:
+        if self._active_collection(connection, collection_id) is None:
+            return OperatorRetryResult.collection_not_found()
+        current = self._work_by_identity(connection, collection_id, content_id)
+        if current and current.state is LeaseState.PENDING:
+            return OperatorRetryResult.pending(False, current)
+        expiry = connection.execute(
+            select(work.c.lease_expires_at).where(
+                _is_identity(collection_id, content_id),
+                work.c.state == _LEASED,
+                work.c.lease_expires_at.is_not(None),
+                _lease_is_live(),
+            )
+        ).scalar_one_or_none()
+        if expiry:
+            return OperatorRetryResult.lease_active(expiry)
+        return OperatorRetryResult.conflict()
+
+    # -- processing ----------------------------------------------------------------------------
+
+    def find_due_work(self, limit: int) -> list[WorkRecord]:
+        """Up to `limit` claimable rows, expired leases included, in due order."""
+        limit = _due_limit(limit)
+        with read_transaction(self.engine) as connection:
+            rows = [
+                record
+                for state in _DUE_STATES
+                for record in _records(connection.execute(due_rows_statement(state, limit)))
+            ]
+        return sorted(rows, key=due_order_key)[:limit]
+
+    def find_work_for_content(self, collection_slug: str, content_id: str) -> WorkRecord | None:
+        """The entry's work row, only if it belongs to the collection currently at this slug."""
+        message = "Media usage work lookup requires collection and content identity"
+        require_text(collection_slug, message)
+        require_text(content_id, message)
+        statement = select(work).where(
+            registry_identity_is_current(work.c.collection_id, work.c.collection_slug),
+            work.c.collection_slug == collection_slug,
+            work.c.content_id == content_id,
+        )
+        with read_transaction(self.engine) as connection:
+            row = connection.execute(statement).first()
+        return _record(row._mapping) if row else None
+
+    def claim_work(
+        self, collection_id: str, content_id: str, work_version: int | str, lease_seconds: int
+    ) -> WorkRecord | None:
+        """Lease this exact version if it is due (or its previous lease expired); None if not."""
+        collection_id, content_id = _identity(collection_id, content_id)
+        version = _work_version(work_version)
+        lease_seconds = _lease_seconds(lease_seconds)
+        statement = (
+            update(work)
+            .values(
+                state=_LEASED,
+                lease_token=str(ULID()),
+                lease_expires_at=timestamp_offset(lease_seconds),
+                last_attempted_at=now(),
+                updated_at=now(),
+            )
+            .where(
+                _is_identity(collection_id, content_id),
+                work.c.work_version == version,
+                _is_claimable(),
+            )
+            .returning(*work.c)
+        )
+        with self.engine.begin() as connection:
+            row = connection.execute(statement).first()
+        return _record(row._mapping) if row else None
+
+    def claim_due_batch(self, limit: int, lease_seconds: int) -> list[WorkRecord]:
+        """Lease up to `limit` due rows in one UPDATE, each under its own fresh ULID token.
+
+        Not in the seed, which claims one row at a time. The candidate subquery picks due rows
+        in `find_due_work` order and numbers them 1..n. SQL has no portable ULID, so n ULIDs
+        are generated beforehand and a CASE maps each number to one; the UPDATE therefore
+        joins the candidates (UPDATE ... FROM) rather than using `pk IN (...)`, so the number
+        travels with its key. It joins on (pk, work_version) and re-asserts the claim guard on
+        the row it writes: a row that someone else claimed or re-enqueued meanwhile is neither
+        written nor returned. On PostgreSQL the candidates are locked `FOR UPDATE SKIP LOCKED`,
+        so concurrent batches take disjoint rows. Records come back in due order; each is then
+        completed, retried, failed or renewed under its own lease.
+        """
+        limit = _due_limit(limit)
+        lease_seconds = _lease_seconds(lease_seconds)
+        tokens = [str(ULID()) for _ in range(limit)]
+        with self.engine.begin() as connection:
+            candidate = _batch_candidates(limit, lock=is_postgres(connection))
+            token_for_rank = {rank: token for rank, token in enumerate(tokens, start=1)}
+            statement = (
+                update(work)
+                .values(
+                    state=_LEASED,
+                    lease_token=case(token_for_rank, value=candidate.c.rank),
+                    lease_expires_at=timestamp_offset(lease_seconds),
+                    last_attempted_at=now(),
+                    updated_at=now(),
+                )
+                .where(
+                    work.c.collection_id == candidate.c.collection_id,
+                    work.c.content_id == candidate.c.content_id,
+                    work.c.work_version == candidate.c.work_version,
+                    _is_claimable(),
+                )
+                .returning(*work.c)
+            )
+            claimed = _records(connection.execute(statement))
+        order = {token: index for index, token in enumerate(tokens)}
+        return sorted(claimed, key=lambda record: order[record.lease_token])
+
+    def renew_lease(self, lease: WorkLease, lease_seconds: int) -> str | None:
+        """Extend a live lease to now + `lease_seconds`; returns the new expiry, or None.
+
+        Not in the seed. The same guard as completion: only the current owner of this exact
+        version, while its lease is still live, so an expired owner cannot resurrect a lease
+        that another claimer may already be entitled to take over.
+        """
+        lease = _validated_lease(lease)
+        lease_seconds = _lease_seconds(lease_seconds)
+        statement = (
+            update(work)
+            .values(lease_expires_at=timestamp_offset(lease_seconds), updated_at=now())
+            .where(_holds_lease(lease))
+            .returning(work.c.lease_expires_at)
+        )
+        with self.engine.begin() as connection:
+            return connection.execute(statement).scalar_one_or_none()
+
+    def complete_work(self, lease: WorkLease) -> bool:
+        """Delete the work row: success leaves nothing behind."""
+        lease = _validated_lease(lease)
+        with self.engine.begin() as connection:
+            result = connection.execute(delete(work).where(_holds_lease(lease)))
+        return result.rowcount > 0
+
+    def delete_work_through_epoch(self, collection_id: str, max_change_epoch: int | str) -> int:
+        """Delete the collection's work produced at or before `max_change_epoch`."""
+        require_text(collection_id, "Media usage work cleanup requires a collection ID")
+        epoch = _change_epoch(max_change_epoch)
+        statement = delete(work).where(
+            work.c.collection_id == collection_id, work.c.change_epoch <= epoch
+        )
+        with self.engine.begin() as connection:
+            return connection.execute(statement).rowcount
+
+    def retry_work(self, lease: WorkLease, retry_delay_seconds: int, error_code: str) -> bool:
+        delay = validate_duration(
+            retry_delay_seconds, "Media usage work retry delay", allow_zero=True
+        )
+        code = _error_code(error_code)
+        return self._transition_failure(
+            lease, LeaseState.RETRY, code, next_attempt_at=timestamp_offset(delay)
+        )
+
+    def fail_work(self, lease: WorkLease, error_code: str) -> bool:
+        return self._transition_failure(lease, LeaseState.FAILED, _error_code(error_code))
+
+    def _transition_failure(
+        self, lease: WorkLease, state: LeaseState, error_code: str, **extra: Any
+    ) -> bool:
+        lease = _validated_lease(lease)
+        statement = (
+            update(work)
+            .values(
+                state=state.value,
+                attempt_count=work.c.attempt_count + 1,
+                lease_token=None,
+                lease_expires_at=None,
+                last_error_code=error_code,
+                updated_at=now(),
+                **extra,
+            )
+            .where(_holds_lease(lease))
+        )
+        with self.engine.begin() as connection:
+            return connection.execute(statement).rowcount > 0
+
+
+__all__ = [
+    "MAX_WORK_SELECTION_LIMIT",
+    "OPERATOR_DEFAULT_LIMIT",
+    "OPERATOR_MAX_LIMIT",
+    "RECONCILIATION_PAGE_LIMIT",
+    "RECONCILIATION_PHASES",
+    "OperatorPage",
+    "OperatorRetryOutcome",
+    "OperatorRetryResult",
+    "OperatorWorkItem",
+    "WorkLease",
+    "WorkRecord",
+    "WorkRepository",
+    "due_order_key",
+    "due_rows_statement",
+]

@@ -1,0 +1,811 @@
+"""WorkRepository: claims, leases, transitions, due order, enqueue, renewal and batch claims.
+
+Ports upstream `media-usage-work-repository.test.ts` and adds the enqueue, renewal, batch
+and bad-input scenarios. Every test runs on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import insert, update
+from sqlalchemy.engine import make_url
+
+from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.engine import create_database_engine
+from media_usage_orchestration.store.records import LeaseState
+from media_usage_orchestration.store.work import (
+    WorkLease,
+    WorkRecord,
+    WorkRepository,
+    due_rows_statement,
+)
+from tests.store.work_helpers import (
+    FUTURE,
+    PAST,
+    ULID_PATTERN,
+    insert_work,
+    insert_works,
+    lease,
+    read_work,
+    update_work,
+)
+from tests.support import (
+    all_rows,
+    backdate,
+    count,
+    db_now,
+    make_collection,
+    set_activation,
+    set_status,
+    snapshot,
+)
+
+RUN_TOKEN = "01J0RUNTOKEN0000000000000A"
+RECONCILIATION_LEASE = "01J0RECONCILIATIONLEASE00A"
+TARGET_EPOCH = 4
+
+
+@pytest.fixture
+def repo(db) -> WorkRepository:
+    return WorkRepository(db.engine)
+
+
+def claim(repo: WorkRepository, work_version: int = 1, content_id: str = "entry-1"):
+    return repo.claim_work("collection-1", content_id, work_version, 60)
+
+
+# --- claims and transitions (upstream scenarios) ----------------------------------------------
+
+
+def test_only_one_concurrent_claimer_wins_an_exact_due_version(db, repo):
+    insert_work(db.engine)
+    barrier = threading.Barrier(2)
+
+    def contend(_):
+        barrier.wait()
+        return claim(repo)
+
+    with ThreadPoolExecutor(2) as pool:
+        claims = list(pool.map(contend, range(2)))
+
+    winners = [result for result in claims if result is not None]
+    assert len(winners) == 1
+    winner = winners[0]
+    assert (winner.collection_id, winner.content_id, winner.work_version) == (
+        "collection-1",
+        "entry-1",
+        1,
+    )
+    assert winner.state is LeaseState.LEASED
+    assert re.fullmatch(ULID_PATTERN, winner.lease_token)
+    assert winner.last_attempted_at and winner.lease_expires_at > winner.last_attempted_at
+    assert read_work(db.engine)["lease_token"] == winner.lease_token
+
+
+def test_does_not_claim_future_failed_or_stale_version_work(db, repo):
+    insert_work(db.engine, next_attempt_at=FUTURE)
+    assert claim(repo) is None
+
+    update_work(db.engine, {"state": "failed", "next_attempt_at": PAST})
+    assert claim(repo) is None
+
+    update_work(db.engine, {"state": "pending", "work_version": 2})
+    assert claim(repo, 1) is None
+    claimed = claim(repo, 2)
+    assert claimed is not None and claimed.work_version == 2
+
+
+def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(db, repo):
+    insert_work(
+        db.engine,
+        state="leased",
+        lease_token="old-owner",
+        lease_expires_at="2000-01-01T00:01:00.000Z",
+    )
+
+    replacement = claim(repo)
+    assert replacement is not None
+    assert replacement.lease_token and replacement.lease_token != "old-owner"
+    old = lease("old-owner")
+    assert repo.complete_work(old) is False
+    assert repo.retry_work(old, 1, "TRANSIENT_DATABASE_FAILURE") is False
+    assert repo.fail_work(old, "INVARIANT_FAILURE") is False
+    assert read_work(db.engine)["lease_token"] == replacement.lease_token
+
+    assert repo.complete_work(replacement.lease) is True
+    assert read_work(db.engine) is None
+
+
+def test_newer_work_created_during_a_lease_cannot_be_acknowledged_or_rewritten(db, repo):
+    insert_work(db.engine)
+    stale = claim(repo)
+    assert stale is not None
+    update_work(
+        db.engine,
+        {
+            "work_version": 2,
+            "change_epoch": 2,
+            "state": "pending",
+            "attempt_count": 0,
+            "next_attempt_at": PAST,
+            "lease_token": None,
+            "lease_expires_at": None,
+            "last_error_code": None,
+        },
+    )
+    newer = read_work(db.engine)
+
+    assert repo.complete_work(stale.lease) is False
+    assert repo.retry_work(stale.lease, 1, "TRANSIENT_DATABASE_FAILURE") is False
+    assert repo.fail_work(stale.lease, "INVARIANT_FAILURE") is False
+    assert repo.renew_lease(stale.lease, 60) is None
+    assert read_work(db.engine) == newer
+    assert (newer["work_version"], newer["change_epoch"], newer["state"]) == (2, 2, "pending")
+
+
+def test_retry_then_fail_only_a_live_lease(db, repo):
+    insert_work(db.engine)
+    retry_claim = claim(repo)
+    assert repo.retry_work(retry_claim.lease, 60, "SNAPSHOT_FAILURE") is True
+    retried = read_work(db.engine)
+    assert retried["state"] == "retry"
+    assert retried["attempt_count"] == 1
+    assert retried["lease_token"] is None and retried["lease_expires_at"] is None
+    assert retried["last_error_code"] == "SNAPSHOT_FAILURE"
+    assert retried["next_attempt_at"] > retried["updated_at"]
+    assert claim(repo) is None
+
+    update_work(db.engine, {"next_attempt_at": PAST})
+    failure_claim = claim(repo)
+    assert failure_claim is not None
+    assert repo.fail_work(failure_claim.lease, "RESOURCE_LIMIT") is True
+    failed = read_work(db.engine)
+    assert failed["state"] == "failed"
+    assert failed["attempt_count"] == 2
+    assert failed["lease_token"] is None and failed["lease_expires_at"] is None
+    assert failed["last_error_code"] == "RESOURCE_LIMIT"
+    assert failed["next_attempt_at"] == PAST
+    assert claim(repo) is None
+
+
+def test_every_stale_transition_is_rejected_after_lease_expiry(db, repo):
+    insert_work(db.engine)
+    expired = claim(repo)
+    assert backdate(db.engine, schema.work, "lease_expires_at", 1, content_id="entry-1") == 1
+    before = read_work(db.engine)
+
+    assert repo.complete_work(expired.lease) is False
+    assert repo.retry_work(expired.lease, 1, "TRANSIENT_DATABASE_FAILURE") is False
+    assert repo.fail_work(expired.lease, "INVARIANT_FAILURE") is False
+    assert repo.renew_lease(expired.lease, 60) is None
+    assert read_work(db.engine) == before
+    assert before["state"] == "leased" and before["lease_token"] == expired.lease_token
+
+    takeover = claim(repo)
+    assert takeover is not None and takeover.lease_token != expired.lease_token
+
+
+@pytest.mark.parametrize("lease_seconds", [0, -1, 365 * 24 * 60 * 60 + 1, 1.5, True, "60"])
+def test_non_portable_lease_durations_change_nothing(db, repo, lease_seconds):
+    insert_work(db.engine)
+    before = snapshot(db.engine)
+    with pytest.raises(ValueError, match=r"whole number of seconds"):
+        repo.claim_work("collection-1", "entry-1", 1, lease_seconds)
+    assert snapshot(db.engine) == before
+    assert read_work(db.engine)["state"] == "pending"
+
+
+@pytest.mark.parametrize("work_version", [0, -1, "0", "01", "1.0", 1.5, True, None])
+def test_version_zero_and_non_whole_versions_are_rejected(db, repo, work_version):
+    insert_work(db.engine)
+    before = snapshot(db.engine)
+    with pytest.raises(ValueError, match=r"work version"):
+        repo.claim_work("collection-1", "entry-1", work_version, 60)
+    assert snapshot(db.engine) == before
+
+
+def test_decimal_string_versions_are_accepted_like_bigint_text(db, repo):
+    insert_work(db.engine, work_version=7)
+    claimed = repo.claim_work("collection-1", "entry-1", "7", 60)
+    assert claimed is not None and claimed.work_version == 7
+    assert repo.complete_work(WorkLease("collection-1", "entry-1", "7", claimed.lease_token))
+
+
+@pytest.mark.parametrize(
+    "error_code",
+    ["database connection failed for customer data", "snapshot_failure", "A" * 65, "", "1ABC"],
+)
+def test_raw_error_text_is_rejected_without_releasing_the_lease(db, repo, error_code):
+    insert_work(db.engine)
+    held = claim(repo)
+    before = snapshot(db.engine)
+
+    with pytest.raises(ValueError, match=r"stable SCREAMING_SNAKE_CASE"):
+        repo.retry_work(held.lease, 1, error_code)
+    with pytest.raises(ValueError, match=r"stable SCREAMING_SNAKE_CASE"):
+        repo.fail_work(held.lease, error_code)
+
+    assert snapshot(db.engine) == before
+    row = read_work(db.engine)
+    assert row["state"] == "leased" and row["lease_token"] == held.lease_token
+    assert row["attempt_count"] == 0 and row["last_error_code"] is None
+
+
+# --- lookups ----------------------------------------------------------------------------------
+
+
+def test_post_write_lookup_finds_only_the_current_collection_instance(db, repo):
+    insert_work(
+        db.engine, collection_id="obsolete-collection", updated_at="2099-01-01T00:00:00.000Z"
+    )
+    make_collection(db.engine, "posts", collection_id="current-collection")
+    insert_work(db.engine, collection_id="current-collection", updated_at=PAST)
+
+    found = repo.find_work_for_content("posts", "entry-1")
+
+    assert isinstance(found, WorkRecord)
+    assert found.collection_id == "current-collection"
+    assert repo.find_work_for_content("posts", "entry-2") is None
+    assert repo.find_work_for_content("other", "entry-1") is None
+
+
+def test_a_row_with_an_unknown_state_is_a_clear_error(db, repo):
+    make_collection(db.engine, "posts", collection_id="collection-1")
+    insert_work(db.engine, state="archived")
+    with pytest.raises(ValueError, match=r"Invalid media usage work state: 'archived'"):
+        repo.find_work_for_content("posts", "entry-1")
+
+
+def insert_due_mix(engine) -> None:
+    insert_works(
+        engine,
+        [
+            {"content_id": "pending-due", "next_attempt_at": "2001-01-01T00:00:00.000Z"},
+            {"content_id": "retry-due", "state": "retry", "next_attempt_at": PAST},
+            {
+                "content_id": "lease-expired",
+                "state": "leased",
+                "next_attempt_at": FUTURE,
+                "lease_token": "expired-owner",
+                "lease_expires_at": "1999-01-01T00:00:00.000Z",
+            },
+            {"content_id": "pending-future", "next_attempt_at": FUTURE},
+            {
+                "content_id": "failed",
+                "state": "failed",
+                "next_attempt_at": "1998-01-01T00:00:00.000Z",
+            },
+            {
+                "content_id": "lease-live",
+                "state": "leased",
+                "next_attempt_at": PAST,
+                "lease_token": "live-owner",
+                "lease_expires_at": FUTURE,
+            },
+        ],
+    )
+
+
+def test_due_work_is_selected_in_eligibility_order(db, repo):
+    insert_due_mix(db.engine)
+
+    due = repo.find_due_work(10)
+
+    assert [work.content_id for work in due] == ["lease-expired", "retry-due", "pending-due"]
+    assert repo.find_due_work(2) == due[:2]
+
+
+def test_due_ties_break_on_updated_at_then_identity(db, repo):
+    stamp = "2001-01-01T00:00:00.000Z"
+    insert_works(
+        db.engine,
+        [
+            {"content_id": "b", "next_attempt_at": stamp, "updated_at": "2001-01-02T00:00:00.000Z"},
+            {"content_id": "c", "next_attempt_at": stamp, "updated_at": "2001-01-01T00:00:00.000Z"},
+            {"content_id": "a", "next_attempt_at": stamp, "updated_at": "2001-01-02T00:00:00.000Z"},
+            {
+                "collection_id": "collection-0",
+                "content_id": "z",
+                "next_attempt_at": stamp,
+                "updated_at": "2001-01-02T00:00:00.000Z",
+            },
+        ],
+    )
+    assert [(w.collection_id, w.content_id) for w in repo.find_due_work(10)] == [
+        ("collection-1", "c"),
+        ("collection-0", "z"),
+        ("collection-1", "a"),
+        ("collection-1", "b"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("state", "index"),
+    [
+        ("pending", "idx__emdash_media_usage_work_due"),
+        ("retry", "idx__emdash_media_usage_work_due"),
+        ("leased", "idx__emdash_media_usage_work_lease"),
+    ],
+)
+def test_due_queries_use_their_declared_index(db, state, index):
+    if db.is_postgres:
+        pytest.skip("EXPLAIN QUERY PLAN is SQLite's")
+    insert_due_mix(db.engine)
+    compiled = due_rows_statement(state, 10).compile(dialect=db.engine.dialect)
+    parameters = tuple(compiled.params[name] for name in compiled.positiontup)
+    with db.engine.connect() as connection:
+        plan = " | ".join(
+            row[-1]
+            for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", parameters)
+        )
+    assert f"USING INDEX {index}" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
+
+
+def test_delete_work_through_epoch_keeps_newer_and_other_collections(db, repo):
+    insert_works(
+        db.engine,
+        [
+            {"content_id": "epoch-1", "change_epoch": 1},
+            {"content_id": "epoch-3", "change_epoch": 3, "state": "failed"},
+            {"content_id": "epoch-4", "change_epoch": 4},
+            {"collection_id": "collection-2", "content_id": "other", "change_epoch": 1},
+        ],
+    )
+    assert repo.delete_work_through_epoch("collection-1", 3) == 2
+    remaining = {
+        (row["collection_id"], row["content_id"]) for row in all_rows(db.engine, schema.work)
+    }
+    assert remaining == {("collection-1", "epoch-4"), ("collection-2", "other")}
+    assert repo.delete_work_through_epoch("collection-1", "3") == 0
+
+
+# --- reconciliation enqueue -------------------------------------------------------------------
+
+
+@pytest.fixture
+def owned_run(db):
+    """An active collection whose reconciliation lease owns the scan of run RUN_TOKEN."""
+    set_activation(db.engine)
+    collection = make_collection(
+        db.engine, "posts", status="running", cursor=RUN_TOKEN, change_epoch=TARGET_EPOCH
+    )
+    lease_expires_at = db_now(db.engine, 60)
+    with db.engine.begin() as connection:
+        connection.execute(
+            insert(schema.reconciliations).values(
+                collection_id=collection.id,
+                collection_slug="posts",
+                run_token=RUN_TOKEN,
+                target_epoch=TARGET_EPOCH,
+                state="leased",
+                phase="scan",
+                next_attempt_at=PAST,
+                lease_token=RECONCILIATION_LEASE,
+                lease_expires_at=lease_expires_at,
+            )
+        )
+    return collection
+
+
+def enqueue(repo: WorkRepository, collection, content_ids, **overrides):
+    arguments = {
+        "collection_id": collection.id,
+        "collection_slug": "posts",
+        "run_token": RUN_TOKEN,
+        "lease_token": RECONCILIATION_LEASE,
+        "change_epoch": TARGET_EPOCH,
+        "phase": "scan",
+        "content_ids": content_ids,
+    }
+    arguments.update(overrides)
+    return repo.enqueue_reconciliation_page(**arguments)
+
+
+def test_enqueue_inserts_pending_work_for_each_distinct_id(db, repo, owned_run):
+    assert enqueue(repo, owned_run, ["entry-1", "entry-2", "entry-1"]) == 2
+
+    rows = sorted(all_rows(db.engine, schema.work), key=lambda row: row["content_id"])
+    assert [row["content_id"] for row in rows] == ["entry-1", "entry-2"]
+    for row in rows:
+        assert row["collection_id"] == owned_run.id and row["collection_slug"] == "posts"
+        assert (row["change_epoch"], row["work_version"], row["state"]) == (4, 1, "pending")
+        assert row["attempt_count"] == 0 and row["lease_token"] is None
+        assert row["next_attempt_at"] <= db_now(db.engine)
+    assert sorted(work.content_id for work in repo.find_due_work(10)) == ["entry-1", "entry-2"]
+
+
+def test_enqueue_reopens_older_work_and_leaves_current_or_newer_work_alone(db, repo, owned_run):
+    insert_works(
+        db.engine,
+        [
+            {
+                "collection_id": owned_run.id,
+                "content_id": "older-failed",
+                "change_epoch": 0,
+                "work_version": 3,
+                "state": "failed",
+                "attempt_count": 5,
+                "last_error_code": "MEDIA_USAGE_PROCESSING_FAILED",
+                "last_attempted_at": PAST,
+            },
+            {
+                "collection_id": owned_run.id,
+                "content_id": "older-leased",
+                "change_epoch": 3,
+                "state": "leased",
+                "lease_token": "previous-owner",
+                "lease_expires_at": FUTURE,
+            },
+            {
+                "collection_id": owned_run.id,
+                "content_id": "same-epoch",
+                "change_epoch": 4,
+                "state": "failed",
+            },
+            {
+                "collection_id": owned_run.id,
+                "content_id": "newer",
+                "change_epoch": 99,
+                "state": "failed",
+            },
+        ],
+    )
+    untouched = {name: read_work(db.engine, owned_run.id, name) for name in ("same-epoch", "newer")}
+
+    written = enqueue(repo, owned_run, ["older-failed", "older-leased", "same-epoch", "newer"])
+
+    assert written == 2
+    for name, version in (("older-failed", 4), ("older-leased", 2)):
+        row = read_work(db.engine, owned_run.id, name)
+        assert (row["state"], row["change_epoch"], row["work_version"]) == ("pending", 4, version)
+        assert row["attempt_count"] == 0 and row["last_error_code"] is None
+        assert row["lease_token"] is None and row["lease_expires_at"] is None
+        assert row["last_attempted_at"] is None
+    for name, row in untouched.items():
+        assert read_work(db.engine, owned_run.id, name) == row
+
+
+def _expire_reconciliation_lease(db, collection):
+    backdate(db.engine, schema.reconciliations, "lease_expires_at", 1, collection_id=collection.id)
+
+
+def _reconciliation(**values):
+    def apply(db, collection):
+        with db.engine.begin() as connection:
+            connection.execute(
+                update(schema.reconciliations)
+                .where(schema.reconciliations.c.collection_id == collection.id)
+                .values(**values)
+            )
+
+    return apply
+
+
+def _status(**values):
+    return lambda db, collection: set_status(db.engine, "posts", **values)
+
+
+def _tombstone(db, collection):
+    with db.engine.begin() as connection:
+        connection.execute(
+            insert(schema.collection_deletions).values(
+                collection_id=collection.id,
+                collection_slug="posts",
+                force_delete=0,
+                next_attempt_at=PAST,
+            )
+        )
+
+
+def _rename_registry(db, collection):
+    with db.engine.begin() as connection:
+        connection.execute(
+            update(schema.collections)
+            .where(schema.collections.c.id == collection.id)
+            .values(slug="articles")
+        )
+
+
+def _no_change(db, collection):
+    return None
+
+
+@pytest.mark.parametrize(
+    ("mutate", "overrides"),
+    [
+        pytest.param(_expire_reconciliation_lease, {}, id="reconciliation-lease-expired"),
+        pytest.param(_reconciliation(state="pending"), {}, id="reconciliation-not-leased"),
+        pytest.param(_reconciliation(phase="sources"), {}, id="other-phase"),
+        pytest.param(_reconciliation(target_epoch=3), {}, id="other-target-epoch"),
+        pytest.param(_no_change, {"lease_token": "another-lease"}, id="other-lease-token"),
+        pytest.param(_no_change, {"run_token": "another-run"}, id="other-run-token"),
+        pytest.param(_no_change, {"phase": "sources"}, id="caller-in-other-phase"),
+        pytest.param(_no_change, {"change_epoch": 3}, id="caller-at-older-epoch"),
+        pytest.param(_no_change, {"collection_slug": "articles"}, id="other-slug"),
+        pytest.param(_status(change_epoch=5), {}, id="status-epoch-advanced"),
+        pytest.param(_status(status="stale"), {}, id="status-not-running"),
+        pytest.param(_status(cursor="manual-repair"), {}, id="status-owned-by-another-run"),
+        pytest.param(_status(reconciliation_required=0), {}, id="coverage-trusted"),
+        pytest.param(_status(capture_state="deleting"), {}, id="capture-not-active"),
+        pytest.param(lambda db, c: set_activation(db.engine, "expanded"), {}, id="inactive"),
+        pytest.param(_tombstone, {}, id="deletion-tombstone"),
+        pytest.param(_rename_registry, {}, id="registry-identity-changed"),
+    ],
+)
+def test_enqueue_writes_nothing_without_page_ownership(db, repo, owned_run, mutate, overrides):
+    insert_work(
+        db.engine,
+        collection_id=owned_run.id,
+        content_id="older-failed",
+        change_epoch=0,
+        state="failed",
+    )
+    mutate(db, owned_run)
+    before = snapshot(db.engine)
+
+    assert enqueue(repo, owned_run, ["entry-1", "older-failed"], **overrides) == 0
+
+    assert snapshot(db.engine) == before
+    assert count(db.engine, schema.work) == 1
+
+
+# --- lease renewal ----------------------------------------------------------------------------
+
+
+def test_renewal_extends_only_the_live_lease_of_its_owner(db, repo):
+    insert_work(db.engine)
+    held = claim(repo)
+
+    renewed = repo.renew_lease(held.lease, 600)
+
+    assert renewed is not None and renewed > held.lease_expires_at
+    assert renewed > db_now(db.engine, 500)
+    row = read_work(db.engine)
+    assert row["lease_expires_at"] == renewed and row["lease_token"] == held.lease_token
+    assert row["updated_at"] >= held.updated_at
+    assert repo.renew_lease(WorkLease("collection-1", "entry-1", 1, "not-the-owner"), 600) is None
+    assert repo.renew_lease(WorkLease("collection-1", "entry-1", 2, held.lease_token), 600) is None
+    assert read_work(db.engine) == row
+    assert repo.complete_work(held.lease) is True
+    assert repo.renew_lease(held.lease, 600) is None
+
+
+def test_renewal_is_refused_after_expiry_so_a_takeover_stays_possible(db, repo):
+    insert_work(db.engine)
+    held = claim(repo)
+    backdate(db.engine, schema.work, "lease_expires_at", 1, content_id="entry-1")
+    expired = read_work(db.engine)
+
+    assert repo.renew_lease(held.lease, 600) is None
+
+    assert read_work(db.engine) == expired
+    assert claim(repo) is not None
+
+
+# --- batch claims -----------------------------------------------------------------------------
+
+
+def test_batch_claim_takes_due_rows_in_due_order_each_under_its_own_lease(db, repo):
+    insert_due_mix(db.engine)
+    insert_works(
+        db.engine,
+        [
+            {"content_id": f"pending-{n}", "next_attempt_at": f"200{n}-06-01T00:00:00.000Z"}
+            for n in (2, 3)
+        ],
+    )
+    expected = [work.content_id for work in repo.find_due_work(10)]
+    assert expected == ["lease-expired", "retry-due", "pending-due", "pending-2", "pending-3"]
+
+    first = repo.claim_due_batch(3, 60)
+    second = repo.claim_due_batch(3, 60)
+
+    assert [work.content_id for work in first + second] == expected
+    assert repo.claim_due_batch(3, 60) == []
+    claimed = first + second
+    tokens = [work.lease_token for work in claimed]
+    assert len(set(tokens)) == len(tokens) and "expired-owner" not in tokens
+    assert all(re.fullmatch(ULID_PATTERN, token) for token in tokens)
+    for work in claimed:
+        assert work.state is LeaseState.LEASED
+        assert work.lease_expires_at > work.last_attempted_at
+        assert read_work(db.engine, content_id=work.content_id)["lease_token"] == work.lease_token
+    assert read_work(db.engine, content_id="lease-live")["lease_token"] == "live-owner"
+    assert read_work(db.engine, content_id="failed")["state"] == "failed"
+
+    for work in claimed:
+        assert repo.complete_work(work.lease) is True
+    assert {row["content_id"] for row in all_rows(db.engine, schema.work)} == {
+        "pending-future",
+        "failed",
+        "lease-live",
+    }
+
+
+def test_batch_leases_are_fenced_by_their_own_version(db, repo):
+    insert_works(db.engine, [{"content_id": "entry-1"}, {"content_id": "entry-2"}])
+    one_row, other_row = repo.claim_due_batch(10, 60)
+    # A capture write re-enqueues entry-1 while the batch holds it.
+    update_work(
+        db.engine,
+        {"work_version": 2, "state": "pending", "lease_token": None, "lease_expires_at": None},
+        content_id=one_row.content_id,
+    )
+
+    assert repo.complete_work(one_row.lease) is False
+    assert (
+        repo.complete_work(WorkLease("collection-1", other_row.content_id, 1, one_row.lease_token))
+        is False
+    )
+    assert repo.complete_work(other_row.lease) is True
+    assert read_work(db.engine, content_id=one_row.content_id)["work_version"] == 2
+
+    reclaimed = repo.claim_due_batch(10, 60)
+    assert [(w.content_id, w.work_version) for w in reclaimed] == [(one_row.content_id, 2)]
+
+
+def test_batch_claim_skips_a_row_another_writer_is_changing(db, repo):
+    if not db.is_postgres:
+        pytest.skip("SQLite has one writer: a concurrent change cannot be in flight")
+    insert_works(db.engine, [{"content_id": f"entry-{n}"} for n in range(1, 4)])
+    # A claimer that waited for the row lock instead of skipping it fails here, not hangs.
+    url = make_url(db.url)
+    impatient = create_database_engine(
+        url.update_query_dict({"options": f"{url.query['options']} -clock_timeout=5s"})
+    )
+    try:
+        with db.engine.connect() as other:
+            transaction = other.begin()
+            other.execute(
+                update(schema.work)
+                .where(schema.work.c.content_id == "entry-2")
+                .values(work_version=2, next_attempt_at=FUTURE)
+            )
+            claimed = WorkRepository(impatient).claim_due_batch(10, 60)
+            transaction.commit()
+    finally:
+        impatient.dispose()
+
+    assert [work.content_id for work in claimed] == ["entry-1", "entry-3"]
+    row = read_work(db.engine, content_id="entry-2")
+    assert (row["state"], row["work_version"], row["lease_token"]) == ("pending", 2, None)
+    assert repo.claim_due_batch(10, 60) == []
+
+
+# --- bad input changes nothing ----------------------------------------------------------------
+
+GOOD_LEASE = WorkLease("collection-1", "entry-1", 1, "token")
+YEAR = 365 * 24 * 60 * 60
+
+BAD_CALLS = [
+    pytest.param(lambda r: r.find_due_work(0), r"due-work limit", id="due-limit-0"),
+    pytest.param(lambda r: r.find_due_work(101), r"due-work limit", id="due-limit-101"),
+    pytest.param(lambda r: r.find_due_work(True), r"due-work limit", id="due-limit-bool"),
+    pytest.param(
+        lambda r: r.claim_work("", "entry-1", 1, 60), r"identity", id="claim-no-collection"
+    ),
+    pytest.param(
+        lambda r: r.claim_work("collection-1", "", 1, 60), r"identity", id="claim-no-content"
+    ),
+    pytest.param(
+        lambda r: r.claim_work("collection-1", "entry-1", 1, YEAR + 1),
+        r"one year",
+        id="claim-lease-too-long",
+    ),
+    pytest.param(
+        lambda r: r.complete_work(GOOD_LEASE.__class__("collection-1", "entry-1", 1, "")),
+        r"lease token",
+        id="complete-no-token",
+    ),
+    pytest.param(
+        lambda r: r.complete_work(WorkLease("collection-1", "entry-1", 0, "t")),
+        r"work version",
+        id="complete-version-0",
+    ),
+    pytest.param(
+        lambda r: r.complete_work(("collection-1", "entry-1", 1, "t")),
+        r"WorkLease",
+        id="complete-not-a-lease",
+    ),
+    pytest.param(
+        lambda r: r.retry_work(GOOD_LEASE, -1, "RETRY"), r"retry delay", id="retry-negative-delay"
+    ),
+    pytest.param(
+        lambda r: r.retry_work(GOOD_LEASE, YEAR + 1, "RETRY"),
+        r"retry delay",
+        id="retry-delay-too-long",
+    ),
+    pytest.param(
+        lambda r: r.retry_work(WorkLease("", "entry-1", 1, "t"), 1, "RETRY"),
+        r"identity",
+        id="retry-no-identity",
+    ),
+    pytest.param(
+        lambda r: r.fail_work(WorkLease("collection-1", "entry-1", "01", "t"), "FAILED"),
+        r"work version",
+        id="fail-bad-version",
+    ),
+    pytest.param(lambda r: r.renew_lease(GOOD_LEASE, 0), r"lease duration", id="renew-zero"),
+    pytest.param(
+        lambda r: r.renew_lease(WorkLease("collection-1", "entry-1", 1, None), 60),
+        r"lease token",
+        id="renew-no-token",
+    ),
+    pytest.param(lambda r: r.claim_due_batch(0, 60), r"due-work limit", id="batch-limit-0"),
+    pytest.param(lambda r: r.claim_due_batch(101, 60), r"due-work limit", id="batch-limit-101"),
+    pytest.param(lambda r: r.claim_due_batch(5, 0), r"lease duration", id="batch-lease-0"),
+    pytest.param(
+        lambda r: r.delete_work_through_epoch("", 1), r"collection ID", id="cleanup-no-collection"
+    ),
+    pytest.param(
+        lambda r: r.delete_work_through_epoch("collection-1", -1),
+        r"change epoch",
+        id="cleanup-negative-epoch",
+    ),
+    pytest.param(
+        lambda r: r.delete_work_through_epoch("collection-1", "01"),
+        r"change epoch",
+        id="cleanup-epoch-text",
+    ),
+    pytest.param(
+        lambda r: r.delete_work_through_epoch("collection-1", True),
+        r"change epoch",
+        id="cleanup-epoch-bool",
+    ),
+    pytest.param(
+        lambda r: r.find_work_for_content("", "entry-1"), r"lookup requires", id="lookup-no-slug"
+    ),
+    pytest.param(
+        lambda r: r.find_work_for_content("posts", ""), r"lookup requires", id="lookup-no-content"
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "message"), BAD_CALLS)
+def test_bad_input_is_rejected_before_any_sql(db, repo, call, message):
+    insert_work(db.engine, state="leased", lease_token="token", lease_expires_at=FUTURE)
+    insert_work(db.engine, content_id="entry-2", change_epoch=0)
+    before = snapshot(db.engine)
+    with pytest.raises(ValueError, match=message):
+        call(repo)
+    assert snapshot(db.engine) == before
+
+
+ENQUEUE_BAD_INPUT = [
+    pytest.param({"content_ids": []}, r"from 1 to 50", id="no-ids"),
+    pytest.param({"content_ids": [f"e{n}" for n in range(51)]}, r"from 1 to 50", id="51-ids"),
+    pytest.param({"content_ids": ["entry-1", ""]}, r"must not be empty", id="empty-id"),
+    pytest.param({"content_ids": "entry-1"}, r"sequence", id="a-string-not-a-list"),
+    pytest.param({"collection_id": ""}, r"exact collection and lease identity", id="no-collection"),
+    pytest.param({"collection_slug": ""}, r"exact collection and lease identity", id="no-slug"),
+    pytest.param({"run_token": ""}, r"exact collection and lease identity", id="no-run"),
+    pytest.param({"lease_token": None}, r"exact collection and lease identity", id="no-lease"),
+    pytest.param({"change_epoch": -1}, r"change epoch", id="negative-epoch"),
+    pytest.param({"change_epoch": "04"}, r"change epoch", id="epoch-leading-zero"),
+    pytest.param({"phase": "finalize"}, r"phase", id="unknown-phase"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), ENQUEUE_BAD_INPUT)
+def test_bad_enqueue_input_is_rejected_before_any_sql(db, repo, owned_run, overrides, message):
+    before = snapshot(db.engine)
+    with pytest.raises(ValueError, match=message):
+        enqueue(repo, owned_run, **{"content_ids": ["entry-1"], **overrides})
+    assert snapshot(db.engine) == before
+
+
+def test_exactly_fifty_ids_after_deduplication_are_accepted(db, repo, owned_run):
+    page = [f"entry-{n:03d}" for n in range(50)]
+    assert enqueue(repo, owned_run, page + page[:10]) == 50
+    assert count(db.engine, schema.work) == 50
+
+
+@pytest.mark.parametrize("state", ["failed", "bogus"])
+def test_due_statement_exists_only_for_due_states(state):
+    with pytest.raises(ValueError):
+        due_rows_statement(state, 10)
