@@ -1,0 +1,1317 @@
+"""Durable collection reconciliations (spec section 6).
+
+EmDash's `MediaUsageReconciliationRepository`: one method per guarded statement, with the
+seed's guards composed from two named predicates, `live_claim_exists` (this lease still owns
+the coordinator row) and `status_owns_run` (the coverage status is running for this run at
+this epoch). Reconciliation leases are live while `lease_expires_at` is after *statement* time,
+as in the seed.
+
+Beyond the seed (each says so in its docstring):
+- `renew_lease`: a Dagster step keeps its claim across several pages.
+- `find_stuck_failed`, `pin_stuck_failed_epoch`, `reset_stuck_failed`: healing of the seed's
+  stuck state (spec 6.4), where a terminal failure recorded while nobody owned coverage leaves
+  `target_epoch` NULL, so `reset_failed_for_new_epoch` can never match and seeding skips the
+  collection for ever.
+- `retry_failed_by_operator`: an operator retry, which EmDash does not offer for reconciliations.
+
+How the stuck state heals automatically: the seed's reset waits until the status epoch moves
+past the epoch the failure was judged at, so a deterministic failure does not loop. A NULL
+target has no such epoch, so `pin_stuck_failed_epoch` records the status epoch observed while
+nobody owns coverage as the row's `target_epoch`. From then on the row is an ordinary seed
+failure: `find_failed` lists it once `change_epoch` moves past the pin and
+`reset_failed_for_new_epoch` reopens it (EmDash itself would heal it the same way). Intended
+use: pin right after a terminal failure that `finish_failed_coverage` could not publish, and
+let the maintenance tick pin whatever `find_stuck_failed` still lists (a crash in between).
+`find_failed` itself stays exactly the seed's: listing target-less rows at once would reopen a
+deterministic failure on every tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    and_,
+    case,
+    delete,
+    exists,
+    false,
+    func,
+    literal,
+    or_,
+    select,
+    tuple_,
+    union_all,
+    update,
+)
+from sqlalchemy.sql.elements import ColumnElement
+from ulid import ULID
+
+from .clock import is_due, lease_live_at_statement, now, timestamp_offset, validate_duration
+from .engine import read_transaction
+from .identifiers import content_table_name, require_text, validate_error_code
+from .predicates import (
+    activation_is_active,
+    is_content_collection_status,
+    no_deletion_tombstone,
+    registry_identity_is_current,
+)
+from .records import LeaseState, bounded_limit, non_negative_whole, positive_whole
+from .schema import content_table, dialect_insert, index_status, reconciliations, sources, work
+
+MAX_CANDIDATES = 100
+MAX_PAGE_SIZE = 50
+CONTENT_SOURCE_TYPE = "content"
+CANONICAL_IDENTITY_VERSION = 1
+ENTRY_FAILED_CODE = "MEDIA_USAGE_RECONCILIATION_ENTRY_FAILED"
+PROCESSING_FAILED_CODE = "MEDIA_USAGE_PROCESSING_FAILED"
+NON_TERMINAL_ATTEMPT_CEILING = 4
+
+IDENTITY_MESSAGE = "Reconciliation requires an exact collection and run token"
+LIFECYCLE_MESSAGE = "Invalid media usage reconciliation lifecycle"
+
+_r = reconciliations
+_s = index_status
+
+
+class ReconciliationPhase(StrEnum):
+    SCAN = "scan"
+    SOURCES = "sources"
+
+
+class WorkBarrierState(StrEnum):
+    EMPTY = "empty"
+    PENDING = "pending"
+    FAILED = "failed"
+
+
+class OperatorRetryOutcome(StrEnum):
+    REOPENED = "reopened"
+    LEASE_ACTIVE = "lease_active"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class ReconciliationRecord:
+    collection_id: str
+    collection_slug: str
+    run_token: str
+    target_epoch: int | None
+    field_fingerprint: str | None
+    state: LeaseState
+    phase: ReconciliationPhase
+    scan_cursor: str | None
+    scan_upper_id: str | None
+    source_cursor: str | None
+    source_upper_key: str | None
+    attempt_count: int
+    next_attempt_at: str
+    lease_token: str | None
+    lease_expires_at: str | None
+    last_error_code: str | None
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class ReconciliationClaim(ReconciliationRecord):
+    """A record returned by `claim`: its lease token is the caller's proof of ownership."""
+
+    lease_token: str
+
+
+@dataclass(frozen=True)
+class SourceCandidate:
+    source_key: str
+    content_id: str | None
+    source_variant: str
+
+
+@dataclass(frozen=True)
+class WorkBarrier:
+    state: WorkBarrierState
+    error_code: str | None = None
+
+
+@dataclass(frozen=True)
+class OperatorRetryResult:
+    outcome: OperatorRetryOutcome
+    record: ReconciliationRecord | None = None
+    lease_expires_at: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.outcome is OperatorRetryOutcome.REOPENED
+
+
+# --- rows and input ----------------------------------------------------------------------------
+
+
+def _row_fields(row: Any) -> dict[str, Any]:
+    mapping = row._mapping
+    values = {column.name: mapping[column.name] for column in _r.c}
+    attempt_count = values.get("attempt_count")
+    try:
+        values["state"] = LeaseState(values["state"])
+        values["phase"] = ReconciliationPhase(values["phase"])
+    except (KeyError, ValueError):
+        raise ValueError(LIFECYCLE_MESSAGE) from None
+    if isinstance(attempt_count, bool) or not isinstance(attempt_count, int):
+        raise ValueError(LIFECYCLE_MESSAGE)
+    if values["target_epoch"] is not None:
+        values["target_epoch"] = int(values["target_epoch"])
+    return values
+
+
+def _to_record(row: Any) -> ReconciliationRecord:
+    return ReconciliationRecord(**_row_fields(row))
+
+
+def _to_claim(row: Any) -> ReconciliationClaim:
+    return ReconciliationClaim(**_row_fields(row))
+
+
+def _require_identity(collection_id: object, run_token: object) -> None:
+    require_text(collection_id, IDENTITY_MESSAGE)
+    require_text(run_token, IDENTITY_MESSAGE)
+
+
+def _require_claim(claim: ReconciliationRecord) -> None:
+    """A claim names its exact coordinator row, collection slug and lease."""
+    if not isinstance(claim, ReconciliationRecord):
+        raise ValueError("Reconciliation requires a claimed reconciliation record")
+    _require_identity(claim.collection_id, claim.run_token)
+    require_text(claim.collection_slug, "Reconciliation requires an exact collection slug")
+    require_text(claim.lease_token, "Reconciliation requires a lease token")
+
+
+def _epoch(value: int | str, label: str = "Reconciliation target epoch") -> int:
+    return non_negative_whole(value, label)
+
+
+def _candidate_limit(limit: int) -> int:
+    return bounded_limit(
+        limit, 1, MAX_CANDIDATES, "Reconciliation candidate limit must be from 1 to 100"
+    )
+
+
+def _page_limit(limit: int, kind: str) -> int:
+    return bounded_limit(
+        limit, 1, MAX_PAGE_SIZE, f"Reconciliation {kind} page limit must be from 1 to 50"
+    )
+
+
+def _cursor(value: object, label: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"Reconciliation {label} must be text or None")
+    return value or None
+
+
+# --- named predicates ----------------------------------------------------------------------------
+
+
+def live_claim_exists(claim: ReconciliationRecord) -> ColumnElement[bool]:
+    """The claim's lease still holds the coordinator row of a current, active, undeleted
+    collection. Reads and writes outside the row itself carry it, so a fenced owner sees
+    nothing and changes nothing."""
+    reconciliation = _r.alias("reconciliation")
+    return exists(
+        select(literal(1))
+        .select_from(reconciliation)
+        .where(
+            registry_identity_is_current(
+                reconciliation.c.collection_id, reconciliation.c.collection_slug
+            ),
+            reconciliation.c.collection_id == claim.collection_id,
+            reconciliation.c.collection_slug == claim.collection_slug,
+            reconciliation.c.run_token == claim.run_token,
+            reconciliation.c.state == LeaseState.LEASED.value,
+            reconciliation.c.lease_token == claim.lease_token,
+            lease_live_at_statement(reconciliation.c.lease_expires_at),
+            activation_is_active(),
+            no_deletion_tombstone(reconciliation.c.collection_id),
+        )
+    )
+
+
+def status_owns_run(claim: ReconciliationRecord, target_epoch: int) -> ColumnElement[bool]:
+    """Coverage is running for this run token at exactly this epoch: any captured write,
+    schema change, operator retry or foreign owner moves the epoch or cursor and fences us."""
+    status = _s.alias("status")
+    return exists(
+        select(literal(1))
+        .select_from(status)
+        .where(
+            is_content_collection_status(status),
+            status.c.collection_id == claim.collection_id,
+            status.c.scope_key == claim.collection_slug,
+            status.c.capture_state == "active",
+            status.c.reconciliation_required == 1,
+            status.c.status == "running",
+            status.c.cursor == claim.run_token,
+            status.c.change_epoch == target_epoch,
+        )
+    )
+
+
+def _holds_lease(collection_id: str, run_token: str, lease_token: str) -> ColumnElement[bool]:
+    """The row-level lease guard of every transition of the coordinator row itself."""
+    return and_(
+        _r.c.collection_id == collection_id,
+        _r.c.run_token == run_token,
+        _r.c.state == LeaseState.LEASED.value,
+        _r.c.lease_token == lease_token,
+        lease_live_at_statement(_r.c.lease_expires_at),
+    )
+
+
+def _claim_holds_lease(claim: ReconciliationRecord) -> ColumnElement[bool]:
+    return _holds_lease(claim.collection_id, claim.run_token, claim.lease_token)
+
+
+def _status_is_claim_target(claim: ReconciliationRecord) -> ColumnElement[bool]:
+    """begin/restart may only take an active, untrusted status that nobody else is running."""
+    return and_(
+        is_content_collection_status(),
+        _s.c.collection_id == claim.collection_id,
+        _s.c.scope_key == claim.collection_slug,
+        _s.c.capture_state == "active",
+        _s.c.reconciliation_required == 1,
+        or_(_s.c.status != "running", _s.c.cursor == claim.run_token),
+        live_claim_exists(claim),
+    )
+
+
+def _no_work_rows(collection_id: str) -> ColumnElement[bool]:
+    """Coverage cannot advance while any work (enqueued or captured) is outstanding."""
+    pending = work.alias("work")
+    return ~exists(
+        select(pending.c.content_id).where(pending.c.collection_id == collection_id).correlate(None)
+    )
+
+
+def _canonical_sources(collection_id: str, source=sources):
+    return and_(
+        source.c.source_type == CONTENT_SOURCE_TYPE,
+        source.c.collection_id == collection_id,
+        source.c.identity_version == CANONICAL_IDENTITY_VERSION,
+    )
+
+
+def _unowned_status_for_row() -> Any:
+    """Active status rows with untrusted coverage and no owner, matched to the row's identity."""
+    status = _s.alias("status")
+    return status, and_(
+        status.c.collection_id == _r.c.collection_id,
+        status.c.scope_key == _r.c.collection_slug,
+        is_content_collection_status(status),
+        status.c.capture_state == "active",
+        status.c.reconciliation_required == 1,
+        status.c.cursor.is_(None),
+    )
+
+
+_RESET_VALUES: dict[str, Any] = {
+    "state": LeaseState.PENDING.value,
+    "phase": ReconciliationPhase.SCAN.value,
+    "target_epoch": None,
+    "field_fingerprint": None,
+    "scan_cursor": None,
+    "scan_upper_id": None,
+    "source_cursor": None,
+    "source_upper_key": None,
+    "attempt_count": 0,
+    "lease_token": None,
+    "lease_expires_at": None,
+    "last_error_code": None,
+}
+
+
+def _reset_values() -> dict[str, Any]:
+    """A fresh scan under the same run token (the seed's `resetFailedForNewEpoch` columns)."""
+    return {**_RESET_VALUES, "next_attempt_at": now(), "updated_at": now()}
+
+
+# --- statements exposed for plans and tests ----------------------------------------------------
+
+
+def find_due_statement(limit: int) -> Select:
+    """One statement: due pending, due retry and lease-expired rows, each bounded, then merged
+    (the seed's three CTEs, so each branch walks its own index)."""
+    limit = _candidate_limit(limit)
+
+    def candidates(name: str, state: LeaseState, due_column):
+        return (
+            select(_r)
+            .where(_r.c.state == state.value, is_due(due_column))
+            .order_by(due_column, _r.c.updated_at, _r.c.collection_id)
+            .limit(limit)
+            .cte(name)
+        )
+
+    pending = candidates("pending_candidates", LeaseState.PENDING, _r.c.next_attempt_at)
+    retry = candidates("retry_candidates", LeaseState.RETRY, _r.c.next_attempt_at)
+    leased = candidates("leased_candidates", LeaseState.LEASED, _r.c.lease_expires_at)
+    merged = union_all(select(pending), select(retry), select(leased)).cte("candidates")
+    due_at = case(
+        (merged.c.state == LeaseState.LEASED.value, merged.c.lease_expires_at),
+        else_=merged.c.next_attempt_at,
+    )
+    return select(merged).order_by(due_at, merged.c.updated_at, merged.c.collection_id).limit(limit)
+
+
+def seed_next_candidate_statement(connection: Connection, run_token: str):
+    """INSERT ... SELECT the lowest eligible collection id, ON CONFLICT DO NOTHING."""
+    status = _s.alias("status")
+    existing = _r.alias("existing")
+    candidate = (
+        select(status.c.collection_id, status.c.scope_key, literal(run_token), now(), now())
+        .where(
+            is_content_collection_status(status),
+            status.c.capture_state == "active",
+            status.c.reconciliation_required == 1,
+            status.c.collection_id.is_not(None),
+            registry_identity_is_current(status.c.collection_id, status.c.scope_key),
+            activation_is_active(),
+            ~exists(
+                select(literal(1))
+                .select_from(existing)
+                .where(existing.c.collection_id == status.c.collection_id)
+            ),
+            no_deletion_tombstone(status.c.collection_id),
+        )
+        .order_by(status.c.collection_id)
+        .limit(1)
+    )
+    columns = ["collection_id", "collection_slug", "run_token", "next_attempt_at", "updated_at"]
+    return (
+        dialect_insert(connection, _r)
+        .from_select(columns, candidate)
+        .on_conflict_do_nothing(index_elements=[_r.c.collection_id])
+        .returning(_r.c.collection_id)
+    )
+
+
+# --- repository ---------------------------------------------------------------------------------
+
+
+class ReconciliationRepository:
+    """EmDash's `MediaUsageReconciliationRepository`; each method is one transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _write(self, statement) -> bool:
+        with self.engine.begin() as connection:
+            return connection.execute(statement).rowcount == 1
+
+    def _returning(self, statement) -> Any:
+        with self.engine.begin() as connection:
+            return connection.execute(statement).first()
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def find_by_identity(self, collection_id: str, run_token: str) -> ReconciliationRecord | None:
+        _require_identity(collection_id, run_token)
+        with read_transaction(self.engine) as connection:
+            row = connection.execute(
+                select(_r).where(_r.c.collection_id == collection_id, _r.c.run_token == run_token)
+            ).first()
+        return _to_record(row) if row is not None else None
+
+    def find_due(self, limit: int) -> list[ReconciliationRecord]:
+        statement = find_due_statement(limit)
+        with read_transaction(self.engine) as connection:
+            return [_to_record(row) for row in connection.execute(statement)]
+
+    def find_failed(self, limit: int) -> list[ReconciliationRecord]:
+        """Failed rows whose outcome can now be published or reset: coverage was completed by
+        someone else, this run still owns a running status, or the epoch moved past the one the
+        row failed at (never a row without one: see `find_stuck_failed`)."""
+        limit = _candidate_limit(limit)
+        reconciliation = _r.alias("reconciliation")
+        status = _s.alias("status")
+        statement = (
+            select(reconciliation)
+            .join(
+                status,
+                and_(
+                    status.c.collection_id == reconciliation.c.collection_id,
+                    status.c.scope_key == reconciliation.c.collection_slug,
+                ),
+            )
+            .where(
+                reconciliation.c.state == LeaseState.FAILED.value,
+                is_content_collection_status(status),
+                or_(
+                    status.c.reconciliation_required == 0,
+                    and_(
+                        status.c.status == "running",
+                        status.c.cursor == reconciliation.c.run_token,
+                    ),
+                    and_(
+                        status.c.cursor.is_(None),
+                        status.c.change_epoch > reconciliation.c.target_epoch,
+                    ),
+                ),
+            )
+            .order_by(reconciliation.c.updated_at, reconciliation.c.collection_id)
+            .limit(limit)
+        )
+        with read_transaction(self.engine) as connection:
+            return [_to_record(row) for row in connection.execute(statement)]
+
+    def owns_run(self, claim: ReconciliationRecord, target_epoch: int | str) -> bool:
+        _require_identity(claim.collection_id, claim.run_token)
+        epoch = _epoch(target_epoch)
+        with read_transaction(self.engine) as connection:
+            owned = connection.execute(select(status_owns_run(claim, epoch))).scalar()
+        return bool(owned)
+
+    def find_work_barrier(self, collection_id: str) -> WorkBarrier:
+        """Counts every work row of the collection, captured ones included."""
+        require_text(collection_id, "Reconciliation work barrier requires a collection ID")
+        with read_transaction(self.engine) as connection:
+            failed = connection.execute(
+                select(work.c.last_error_code)
+                .where(work.c.collection_id == collection_id, work.c.state == "failed")
+                .order_by(work.c.content_id)
+                .limit(1)
+            ).first()
+            if failed is not None:
+                code = failed.last_error_code or PROCESSING_FAILED_CODE
+                return WorkBarrier(WorkBarrierState.FAILED, code)
+            pending = connection.execute(
+                select(work.c.content_id).where(work.c.collection_id == collection_id).limit(1)
+            ).first()
+        return WorkBarrier(WorkBarrierState.PENDING if pending else WorkBarrierState.EMPTY)
+
+    # -- scan ------------------------------------------------------------------------------------
+
+    def find_scan_upper_id(self, claim: ReconciliationRecord) -> str | None:
+        """The highest content id at run start: entries created later are captured by triggers."""
+        content = _content(claim.collection_slug)
+        _require_claim(claim)
+        statement = (
+            select(content.c.id)
+            .where(live_claim_exists(claim))
+            .order_by(content.c.id.desc())
+            .limit(1)
+        )
+        with read_transaction(self.engine) as connection:
+            return connection.execute(statement).scalar()
+
+    def find_scan_page(self, reconciliation: ReconciliationRecord, limit: int) -> list[str]:
+        limit = _page_limit(limit, "scan")
+        content = _content(reconciliation.collection_slug)
+        if not reconciliation.lease_token or reconciliation.target_epoch is None:
+            return []
+        _require_claim(reconciliation)
+        bounds = [live_claim_exists(reconciliation)]
+        if reconciliation.scan_cursor:
+            bounds.append(content.c.id > reconciliation.scan_cursor)
+        # No upper id means the collection had no media fields: nothing to scan.
+        upper = reconciliation.scan_upper_id
+        bounds.append(content.c.id <= upper if upper else false())
+        statement = select(content.c.id).where(*bounds).order_by(content.c.id).limit(limit)
+        with read_transaction(self.engine) as connection:
+            return list(connection.execute(statement).scalars())
+
+    def begin_run(self, claim: ReconciliationRecord) -> int | None:
+        """Take the coverage status for this run; the epoch moves unless this run already
+        holds it (a resumed first step keeps its epoch and start time)."""
+        _require_claim(claim)
+        same_run = and_(_s.c.status == "running", _s.c.cursor == claim.run_token)
+        statement = (
+            update(_s)
+            .where(_status_is_claim_target(claim))
+            .values(
+                status="running",
+                started_at=case((same_run, _s.c.started_at), else_=now()),
+                completed_at=None,
+                cursor=claim.run_token,
+                indexed_source_count=0,
+                failed_source_count=0,
+                last_error_code=None,
+                change_epoch=case((same_run, _s.c.change_epoch), else_=_s.c.change_epoch + 1),
+                reconciliation_required=1,
+                updated_at=now(),
+            )
+            .returning(_s.c.change_epoch)
+        )
+        row = self._returning(statement)
+        return int(row.change_epoch) if row is not None else None
+
+    def initialize_scan(
+        self,
+        claim: ReconciliationRecord,
+        target_epoch: int | str,
+        field_fingerprint: str,
+        scan_upper_id: str | None,
+    ) -> bool:
+        _require_claim(claim)
+        epoch = _epoch(target_epoch)
+        require_text(field_fingerprint, "Reconciliation requires a field fingerprint")
+        scan_upper_id = _cursor(scan_upper_id, "scan upper id")
+        statement = (
+            update(_r)
+            .where(
+                _claim_holds_lease(claim),
+                _r.c.target_epoch.is_(None),
+                status_owns_run(claim, epoch),
+            )
+            .values(**self._scan_start(epoch, field_fingerprint, scan_upper_id))
+        )
+        return self._write(statement)
+
+    @staticmethod
+    def _scan_start(epoch: int, field_fingerprint: str, scan_upper_id: str | None) -> dict:
+        return {
+            "target_epoch": epoch,
+            "field_fingerprint": field_fingerprint,
+            "phase": ReconciliationPhase.SCAN.value,
+            "scan_cursor": None,
+            "scan_upper_id": scan_upper_id,
+            "source_cursor": None,
+            "source_upper_key": None,
+            "attempt_count": 0,
+            "last_error_code": None,
+            "updated_at": now(),
+        }
+
+    def checkpoint_scan(
+        self,
+        claim: ReconciliationRecord,
+        target_epoch: int | str,
+        previous_cursor: str | None,
+        next_cursor: str,
+    ) -> bool:
+        return self._checkpoint(
+            claim, target_epoch, previous_cursor, next_cursor, ReconciliationPhase.SCAN
+        )
+
+    def _checkpoint(
+        self,
+        claim: ReconciliationRecord,
+        target_epoch: int | str,
+        previous_cursor: str | None,
+        next_cursor: str,
+        phase: ReconciliationPhase,
+    ) -> bool:
+        _require_claim(claim)
+        epoch = _epoch(target_epoch)
+        previous_cursor = _cursor(previous_cursor, "previous cursor")
+        require_text(next_cursor, "Reconciliation checkpoint requires a next cursor")
+        cursor = _r.c.scan_cursor if phase is ReconciliationPhase.SCAN else _r.c.source_cursor
+        # Compare-and-set on the cursor: a replayed or concurrent page cannot move it twice.
+        observed = cursor == previous_cursor if previous_cursor else cursor.is_(None)
+        statement = (
+            update(_r)
+            .where(
+                _claim_holds_lease(claim),
+                _r.c.target_epoch == epoch,
+                _r.c.phase == phase.value,
+                status_owns_run(claim, epoch),
+                observed,
+            )
+            .values(
+                {
+                    cursor.key: next_cursor,
+                    "attempt_count": 0,
+                    "last_error_code": None,
+                    "updated_at": now(),
+                }
+            )
+        )
+        return self._write(statement)
+
+    def restart_run(self, claim: ReconciliationRecord, previous_epoch: int | str) -> int | None:
+        """Like `begin_run`, but an "interrupted restart" (this run already moved the epoch past
+        `previous_epoch`) keeps that epoch, so a crash between restart steps does not bump it
+        again. Source counts are left alone."""
+        _require_claim(claim)
+        previous = _epoch(previous_epoch, "Reconciliation previous epoch")
+        interrupted = and_(
+            _s.c.status == "running",
+            _s.c.cursor == claim.run_token,
+            _s.c.change_epoch > previous,
+        )
+        statement = (
+            update(_s)
+            .where(_status_is_claim_target(claim))
+            .values(
+                status="running",
+                started_at=case((interrupted, _s.c.started_at), else_=now()),
+                completed_at=None,
+                cursor=claim.run_token,
+                last_error_code=None,
+                change_epoch=case((interrupted, _s.c.change_epoch), else_=_s.c.change_epoch + 1),
+                reconciliation_required=1,
+                updated_at=now(),
+            )
+            .returning(_s.c.change_epoch)
+        )
+        row = self._returning(statement)
+        return int(row.change_epoch) if row is not None else None
+
+    def restart_scan(
+        self,
+        claim: ReconciliationRecord,
+        previous_epoch: int | str,
+        target_epoch: int | str,
+        field_fingerprint: str,
+        scan_upper_id: str | None,
+    ) -> bool:
+        _require_claim(claim)
+        previous = _epoch(previous_epoch, "Reconciliation previous epoch")
+        epoch = _epoch(target_epoch)
+        require_text(field_fingerprint, "Reconciliation requires a field fingerprint")
+        scan_upper_id = _cursor(scan_upper_id, "scan upper id")
+        statement = (
+            update(_r)
+            .where(
+                _claim_holds_lease(claim),
+                _r.c.target_epoch == previous,
+                status_owns_run(claim, epoch),
+            )
+            .values(
+                **self._scan_start(epoch, field_fingerprint, scan_upper_id),
+                next_attempt_at=now(),
+            )
+        )
+        return self._write(statement)
+
+    # -- sources ---------------------------------------------------------------------------------
+
+    def find_source_upper_key(
+        self, claim: ReconciliationRecord, target_epoch: int | str
+    ) -> str | None:
+        """The highest canonical source key when the scan ends; legacy sources are never
+        enumerated (they have no collection identity)."""
+        _require_claim(claim)
+        epoch = _epoch(target_epoch)
+        statement = (
+            select(sources.c.source_key)
+            .where(
+                _canonical_sources(claim.collection_id),
+                live_claim_exists(claim),
+                status_owns_run(claim, epoch),
+            )
+            .order_by(sources.c.source_key.desc())
+            .limit(1)
+        )
+        with read_transaction(self.engine) as connection:
+            return connection.execute(statement).scalar()
+
+    def transition_to_sources(
+        self,
+        claim: ReconciliationRecord,
+        target_epoch: int | str,
+        field_fingerprint: str,
+        source_upper_key: str | None,
+    ) -> bool:
+        _require_claim(claim)
+        epoch = _epoch(target_epoch)
+        require_text(field_fingerprint, "Reconciliation requires a field fingerprint")
+        source_upper_key = _cursor(source_upper_key, "source upper key")
+        statement = (
+            update(_r)
+            .where(
+                _claim_holds_lease(claim),
+                _r.c.target_epoch == epoch,
+                _r.c.field_fingerprint == field_fingerprint,
+                _r.c.phase == ReconciliationPhase.SCAN.value,
+                status_owns_run(claim, epoch),
+                _no_work_rows(claim.collection_id),
+            )
+            .values(
+                phase=ReconciliationPhase.SOURCES.value,
+                source_cursor=None,
+                source_upper_key=source_upper_key,
+                attempt_count=0,
+                last_error_code=None,
+                updated_at=now(),
+            )
+        )
+        return self._write(statement)
+
+    def find_source_page(
+        self, reconciliation: ReconciliationRecord, limit: int
+    ) -> list[SourceCandidate]:
+        limit = _page_limit(limit, "source")
+        if not reconciliation.lease_token or reconciliation.target_epoch is None:
+            return []
+        _require_claim(reconciliation)
+        bounds = [
+            _canonical_sources(reconciliation.collection_id),
+            live_claim_exists(reconciliation),
+            status_owns_run(reconciliation, reconciliation.target_epoch),
+        ]
+        if reconciliation.source_cursor:
+            bounds.append(sources.c.source_key > reconciliation.source_cursor)
+        upper = reconciliation.source_upper_key
+        bounds.append(sources.c.source_key <= upper if upper else false())
+        statement = (
+            select(sources.c.source_key, sources.c.content_id, sources.c.source_variant)
+            .where(*bounds)
+            .order_by(sources.c.source_key)
+            .limit(limit)
+        )
+        with read_transaction(self.engine) as connection:
+            return [
+                SourceCandidate(row.source_key, row.content_id, row.source_variant)
+                for row in connection.execute(statement)
+            ]
+
+    def find_missing_content_ids(
+        self, collection_slug: str, content_ids: Iterable[str]
+    ) -> list[str]:
+        content = _content(collection_slug)
+        unique = _unique_content_ids(content_ids)
+        if not unique:
+            return []
+        with read_transaction(self.engine) as connection:
+            present = set(
+                connection.execute(select(content.c.id).where(content.c.id.in_(unique))).scalars()
+            )
+        return [content_id for content_id in unique if content_id not in present]
+
+    def checkpoint_sources(
+        self,
+        claim: ReconciliationRecord,
+        target_epoch: int | str,
+        previous_cursor: str | None,
+        next_cursor: str,
+    ) -> bool:
+        return self._checkpoint(
+            claim, target_epoch, previous_cursor, next_cursor, ReconciliationPhase.SOURCES
+        )
+
+    # -- coverage outcomes -----------------------------------------------------------------------
+
+    def finish_failed_coverage(self, collection_id: str, run_token: str) -> bool:
+        """Publish a failed run on the status it still owns: `partial` when a canonical index
+        exists, `failed` otherwise; an entry failure reports the first failed work's code."""
+        _require_identity(collection_id, run_token)
+        reconciliation = _r.alias("reconciliation")
+        recorded_code = (
+            select(reconciliation.c.last_error_code)
+            .where(
+                reconciliation.c.collection_id == collection_id,
+                reconciliation.c.run_token == run_token,
+            )
+            .scalar_subquery()
+        )
+        failed_work = work.alias("work")
+        first_work_code = (
+            select(failed_work.c.last_error_code)
+            .where(failed_work.c.collection_id == collection_id, failed_work.c.state == "failed")
+            .order_by(failed_work.c.content_id)
+            .limit(1)
+            .scalar_subquery()
+        )
+        source = sources.alias("source")
+        has_index = exists(
+            select(literal(1))
+            .select_from(source)
+            .where(_canonical_sources(collection_id, source))
+            .limit(1)
+        )
+        statement = (
+            update(_s)
+            .where(
+                is_content_collection_status(),
+                _s.c.collection_id == collection_id,
+                _s.c.status == "running",
+                _s.c.cursor == run_token,
+                exists(
+                    select(reconciliation.c.collection_id).where(
+                        reconciliation.c.collection_id == collection_id,
+                        reconciliation.c.run_token == run_token,
+                        reconciliation.c.state == LeaseState.FAILED.value,
+                    )
+                ),
+            )
+            .values(
+                status=case((has_index, "partial"), else_="failed"),
+                completed_at=None,
+                cursor=None,
+                last_error_code=case(
+                    (
+                        recorded_code == ENTRY_FAILED_CODE,
+                        func.coalesce(first_work_code, ENTRY_FAILED_CODE),
+                    ),
+                    else_=recorded_code,
+                ),
+                reconciliation_required=1,
+                updated_at=now(),
+            )
+        )
+        return self._write(statement)
+
+    def finalize_coverage(
+        self,
+        claim: ReconciliationRecord,
+        target_epoch: int | str,
+        field_fingerprint: str,
+        schema_version: int = 1,
+    ) -> bool:
+        """Coverage becomes trusted only for the exact run, epoch, fields and live lease, with no
+        outstanding work, a current registry identity and no deletion under way."""
+        _require_claim(claim)
+        epoch = _epoch(target_epoch)
+        require_text(field_fingerprint, "Reconciliation requires a field fingerprint")
+        schema_version = positive_whole(schema_version, "Reconciliation schema version")
+        statement = (
+            update(_s)
+            .where(
+                is_content_collection_status(),
+                _s.c.collection_id == claim.collection_id,
+                _s.c.scope_key == claim.collection_slug,
+                _s.c.capture_state == "active",
+                _s.c.reconciliation_required == 1,
+                _s.c.status == "running",
+                _s.c.cursor == claim.run_token,
+                _s.c.change_epoch == epoch,
+                _no_work_rows(claim.collection_id),
+                self._finalizing_claim(claim, epoch, field_fingerprint),
+                activation_is_active(),
+            )
+            .values(
+                status="complete",
+                schema_version=schema_version,
+                completed_at=now(),
+                cursor=None,
+                last_error_code=None,
+                reconciliation_required=0,
+                updated_at=now(),
+            )
+        )
+        return self._write(statement)
+
+    @staticmethod
+    def _finalizing_claim(
+        claim: ReconciliationRecord, epoch: int, field_fingerprint: str
+    ) -> ColumnElement[bool]:
+        reconciliation = _r.alias("reconciliation")
+        return exists(
+            select(reconciliation.c.collection_id).where(
+                registry_identity_is_current(
+                    reconciliation.c.collection_id, reconciliation.c.collection_slug
+                ),
+                reconciliation.c.collection_id == claim.collection_id,
+                reconciliation.c.run_token == claim.run_token,
+                reconciliation.c.target_epoch == epoch,
+                reconciliation.c.field_fingerprint == field_fingerprint,
+                reconciliation.c.state == LeaseState.LEASED.value,
+                reconciliation.c.phase == ReconciliationPhase.SOURCES.value,
+                reconciliation.c.lease_token == claim.lease_token,
+                lease_live_at_statement(reconciliation.c.lease_expires_at),
+                no_deletion_tombstone(claim.collection_id),
+            )
+        )
+
+    def delete_finalized(self, claim: ReconciliationRecord) -> bool:
+        """Drop the coordinator once its own finalize made coverage complete."""
+        _require_claim(claim)
+        status = _s.alias("status")
+        statement = delete(_r).where(
+            _r.c.collection_id == claim.collection_id,
+            _r.c.run_token == claim.run_token,
+            _r.c.state == LeaseState.LEASED.value,
+            _r.c.lease_token == claim.lease_token,
+            exists(
+                select(status.c.collection_id).where(
+                    status.c.collection_id == claim.collection_id,
+                    status.c.scope_key == claim.collection_slug,
+                    status.c.status == "complete",
+                    status.c.reconciliation_required == 0,
+                )
+            ),
+        )
+        return self._write(statement)
+
+    def delete_one_obsolete(self) -> bool:
+        """Delete one coordinator whose coverage is already trusted (e.g. a manual repair
+        finished), in any state."""
+        with self.engine.begin() as connection:
+            return connection.execute(delete_one_obsolete_statement()).first() is not None
+
+    # -- seeding and leases ----------------------------------------------------------------------
+
+    def seed_next_candidate(self) -> bool:
+        """Insert at most one coordinator: the lowest eligible collection id."""
+        with self.engine.begin() as connection:
+            statement = seed_next_candidate_statement(connection, str(ULID()))
+            # RETURNING, not rowcount: psycopg reports -1 for an INSERT.
+            return connection.execute(statement).first() is not None
+
+    def claim(
+        self, collection_id: str, run_token: str, lease_duration_seconds: int
+    ) -> ReconciliationClaim | None:
+        _require_identity(collection_id, run_token)
+        validate_duration(lease_duration_seconds, "Reconciliation lease duration", allow_zero=False)
+        lease_token = str(ULID())
+        statement = (
+            update(_r)
+            .where(
+                _r.c.collection_id == collection_id,
+                _r.c.run_token == run_token,
+                _claimable(),
+                activation_is_active(),
+                _claimable_status(),
+                no_deletion_tombstone(_r.c.collection_id),
+            )
+            .values(
+                state=LeaseState.LEASED.value,
+                lease_token=lease_token,
+                lease_expires_at=timestamp_offset(lease_duration_seconds),
+                updated_at=now(),
+            )
+            .returning(*_r.c)
+        )
+        row = self._returning(statement)
+        return _to_claim(row) if row is not None else None
+
+    def renew_lease(self, claim: ReconciliationRecord, lease_seconds: int) -> str | None:
+        """Beyond the seed: extend a still-live lease held by this token and return the new
+        expiry, or None once it expired or moved on. EmDash releases after every page; a
+        Dagster step keeps its claim across pages and renews it between them."""
+        _require_claim(claim)
+        validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
+        statement = (
+            update(_r)
+            .where(_claim_holds_lease(claim))
+            .values(lease_expires_at=timestamp_offset(lease_seconds), updated_at=now())
+            .returning(_r.c.lease_expires_at)
+        )
+        row = self._returning(statement)
+        return row.lease_expires_at if row is not None else None
+
+    def release(
+        self, collection_id: str, run_token: str, lease_token: str, delay_seconds: int
+    ) -> bool:
+        """Back to pending after `delay_seconds`; the attempt count is kept."""
+        _require_lease_identity(collection_id, run_token, lease_token)
+        validate_duration(delay_seconds, "Reconciliation release delay", allow_zero=True)
+        statement = (
+            update(_r)
+            .where(_holds_lease(collection_id, run_token, lease_token))
+            .values(
+                state=LeaseState.PENDING.value,
+                next_attempt_at=timestamp_offset(delay_seconds),
+                lease_token=None,
+                lease_expires_at=None,
+                updated_at=now(),
+            )
+        )
+        return self._write(statement)
+
+    def record_failure(
+        self,
+        collection_id: str,
+        run_token: str,
+        lease_token: str,
+        error_code: str,
+        retry_delay_seconds: int,
+        terminal: bool,
+    ) -> bool:
+        """Retry with backoff, failing after the fifth attempt; a terminal failure keeps the
+        epoch it was judged at (or the running epoch of this run), so it is reopened only
+        after that epoch moves."""
+        _require_lease_identity(collection_id, run_token, lease_token)
+        validate_error_code(error_code, "Reconciliation failure error code")
+        validate_duration(retry_delay_seconds, "Reconciliation retry delay", allow_zero=True)
+        if not isinstance(terminal, bool):
+            raise ValueError("Reconciliation failure requires an explicit terminal flag")
+        values: dict[str, Any] = {
+            "state": case(
+                (_r.c.attempt_count >= NON_TERMINAL_ATTEMPT_CEILING, LeaseState.FAILED.value),
+                else_=LeaseState.RETRY.value,
+            ),
+            "attempt_count": _r.c.attempt_count + 1,
+            "next_attempt_at": timestamp_offset(retry_delay_seconds),
+            "lease_token": None,
+            "lease_expires_at": None,
+            "last_error_code": error_code,
+            "updated_at": now(),
+        }
+        if terminal:
+            values["state"] = LeaseState.FAILED.value
+            values["target_epoch"] = func.coalesce(
+                _r.c.target_epoch, _running_epoch(collection_id, run_token)
+            )
+        statement = (
+            update(_r).where(_holds_lease(collection_id, run_token, lease_token)).values(values)
+        )
+        return self._write(statement)
+
+    def record_entry_failure(self, claim: ReconciliationRecord) -> bool:
+        """Fail the run because an entry's work failed; refused unless failed work exists."""
+        _require_claim(claim)
+        failed_work = work.alias("work")
+        statement = (
+            update(_r)
+            .where(
+                _claim_holds_lease(claim),
+                exists(
+                    select(failed_work.c.content_id).where(
+                        failed_work.c.collection_id == claim.collection_id,
+                        failed_work.c.state == "failed",
+                    )
+                ),
+            )
+            .values(
+                state=LeaseState.FAILED.value,
+                attempt_count=_r.c.attempt_count + 1,
+                next_attempt_at=now(),
+                lease_token=None,
+                lease_expires_at=None,
+                last_error_code=ENTRY_FAILED_CODE,
+                updated_at=now(),
+            )
+        )
+        return self._write(statement)
+
+    def reset_failed_for_new_epoch(self, observed: ReconciliationRecord) -> bool:
+        """Reopen a failed run as a fresh scan once nobody owns coverage and the epoch moved
+        past the one it failed at."""
+        _require_identity(observed.collection_id, observed.run_token)
+        if observed.target_epoch is None:
+            return False
+        target_epoch = _epoch(observed.target_epoch)
+        status, unowned = _unowned_status_for_row()
+        statement = (
+            update(_r)
+            .where(
+                _r.c.collection_id == observed.collection_id,
+                _r.c.run_token == observed.run_token,
+                _r.c.state == LeaseState.FAILED.value,
+                _r.c.target_epoch == target_epoch,
+                exists(
+                    select(status.c.collection_id).where(
+                        unowned, status.c.change_epoch > target_epoch
+                    )
+                ),
+            )
+            .values(_reset_values())
+        )
+        return self._write(statement)
+
+    # -- healing the stuck state (beyond the seed) -----------------------------------------------
+
+    def find_stuck_failed(self, limit: int) -> list[ReconciliationRecord]:
+        """Beyond the seed: failed rows without a target epoch on a status nobody owns. The
+        seed's `find_failed` never lists them and `reset_failed_for_new_epoch` never matches
+        them; `pin_stuck_failed_epoch` turns each into an ordinary seed failure."""
+        limit = _candidate_limit(limit)
+        status, unowned = _unowned_status_for_row()
+        statement = (
+            select(_r)
+            .where(
+                _r.c.state == LeaseState.FAILED.value,
+                _r.c.target_epoch.is_(None),
+                exists(select(status.c.collection_id).where(unowned)),
+            )
+            .order_by(_r.c.updated_at, _r.c.collection_id)
+            .limit(limit)
+        )
+        with read_transaction(self.engine) as connection:
+            return [_to_record(row) for row in connection.execute(statement)]
+
+    def pin_stuck_failed_epoch(self, collection_id: str, run_token: str) -> int | None:
+        """Beyond the seed: record the status epoch as the target of a failed row that has
+        none, while nobody owns coverage; returns the pinned epoch. The seed's own reset then
+        reopens the row as soon as the epoch moves past it, exactly like any other terminal
+        failure (and EmDash, sharing the database, heals it the same way)."""
+        _require_identity(collection_id, run_token)
+        status, unowned = _unowned_status_for_row()
+        observed_epoch = select(status.c.change_epoch).where(unowned).scalar_subquery()
+        statement = (
+            update(_r)
+            .where(
+                _r.c.collection_id == collection_id,
+                _r.c.run_token == run_token,
+                _r.c.state == LeaseState.FAILED.value,
+                _r.c.target_epoch.is_(None),
+                exists(select(status.c.collection_id).where(unowned)),
+            )
+            .values(target_epoch=observed_epoch, updated_at=now())
+            .returning(_r.c.target_epoch)
+        )
+        row = self._returning(statement)
+        return int(row.target_epoch) if row is not None else None
+
+    def reset_stuck_failed(self, collection_id: str) -> bool:
+        """Beyond the seed: reopen, now, a failed row without a target epoch when its status is
+        active, untrusted and unowned (same reset as `reset_failed_for_new_epoch`). For explicit
+        healing; the automatic path waits for the epoch to move (see the module docstring)."""
+        require_text(collection_id, "Reconciliation reset requires a collection ID")
+        status, unowned = _unowned_status_for_row()
+        statement = (
+            update(_r)
+            .where(
+                _r.c.collection_id == collection_id,
+                _r.c.state == LeaseState.FAILED.value,
+                _r.c.target_epoch.is_(None),
+                exists(select(status.c.collection_id).where(unowned)),
+            )
+            .values(_reset_values())
+        )
+        return self._write(statement)
+
+    def retry_failed_by_operator(self, collection_id: str) -> OperatorRetryResult:
+        """Beyond the seed (EmDash has no reconciliation retry): reopen a failed, retrying or
+        lease-expired coordinator as a fresh scan. A live lease is never stolen; a pending row
+        is already queued (conflict)."""
+        require_text(collection_id, "Reconciliation retry requires a collection ID")
+        with self.engine.begin() as connection:
+            reopened = connection.execute(
+                update(_r)
+                .where(_r.c.collection_id == collection_id, _reopenable_by_operator())
+                .values(_reset_values())
+                .returning(*_r.c)
+            ).first()
+            if reopened is not None:
+                return OperatorRetryResult(OperatorRetryOutcome.REOPENED, _to_record(reopened))
+            return self._retry_refusal(connection, collection_id)
+
+    @staticmethod
+    def _retry_refusal(connection: Connection, collection_id: str) -> OperatorRetryResult:
+        observed = connection.execute(
+            select(_r, lease_live_at_statement(_r.c.lease_expires_at).label("lease_live")).where(
+                _r.c.collection_id == collection_id
+            )
+        ).first()
+        if observed is None:
+            return OperatorRetryResult(OperatorRetryOutcome.NOT_FOUND)
+        record = _to_record(observed)
+        if record.state is LeaseState.LEASED and observed.lease_live:
+            return OperatorRetryResult(
+                OperatorRetryOutcome.LEASE_ACTIVE, record, record.lease_expires_at
+            )
+        return OperatorRetryResult(OperatorRetryOutcome.CONFLICT, record)
+
+
+# --- statement pieces used by several methods ---------------------------------------------------
+
+
+def _claimable() -> ColumnElement[bool]:
+    return or_(
+        and_(
+            _r.c.state.in_([LeaseState.PENDING.value, LeaseState.RETRY.value]),
+            is_due(_r.c.next_attempt_at),
+        ),
+        and_(_r.c.state == LeaseState.LEASED.value, is_due(_r.c.lease_expires_at)),
+    )
+
+
+def _claimable_status() -> ColumnElement[bool]:
+    """Only a collection whose coverage is untrusted, active and current may be reconciled."""
+    status = _s.alias("status")
+    return exists(
+        select(status.c.collection_id).where(
+            registry_identity_is_current(status.c.collection_id, status.c.scope_key),
+            status.c.collection_id == _r.c.collection_id,
+            status.c.scope_key == _r.c.collection_slug,
+            is_content_collection_status(status),
+            status.c.capture_state == "active",
+            status.c.reconciliation_required == 1,
+        )
+    )
+
+
+def _reopenable_by_operator() -> ColumnElement[bool]:
+    return or_(
+        _r.c.state.in_([LeaseState.FAILED.value, LeaseState.RETRY.value]),
+        and_(_r.c.state == LeaseState.LEASED.value, is_due(_r.c.lease_expires_at)),
+    )
+
+
+def _running_epoch(collection_id: str, run_token: str):
+    """The epoch of a status this run is running, if any: a terminal failure before
+    `initialize_scan` still records the epoch it must wait out."""
+    status = _s.alias("status")
+    return (
+        select(status.c.change_epoch)
+        .where(
+            is_content_collection_status(status),
+            status.c.collection_id == collection_id,
+            status.c.status == "running",
+            status.c.cursor == run_token,
+        )
+        .scalar_subquery()
+    )
+
+
+def delete_one_obsolete_statement():
+    reconciliation = _r.alias("reconciliation")
+    status = _s.alias("status")
+    oldest_obsolete = (
+        select(reconciliation.c.collection_id, reconciliation.c.run_token)
+        .join(
+            status,
+            and_(
+                status.c.collection_id == reconciliation.c.collection_id,
+                status.c.scope_key == reconciliation.c.collection_slug,
+            ),
+        )
+        .where(is_content_collection_status(status), status.c.reconciliation_required == 0)
+        .order_by(reconciliation.c.updated_at, reconciliation.c.collection_id)
+        .limit(1)
+    )
+    return (
+        delete(_r)
+        .where(tuple_(_r.c.collection_id, _r.c.run_token).in_(oldest_obsolete))
+        .returning(_r.c.collection_id)
+    )
+
+
+def _content(collection_slug: str):
+    """`ec_<slug> AS content`; the slug is validated here, before any SQL is built."""
+    content_table_name(collection_slug)
+    return content_table(collection_slug).alias("content")
+
+
+def _require_lease_identity(collection_id: str, run_token: str, lease_token: str) -> None:
+    _require_identity(collection_id, run_token)
+    require_text(lease_token, "Reconciliation requires a lease token")
+
+
+def _unique_content_ids(content_ids: Iterable[str]) -> list[str]:
+    message = "Reconciliation source page has invalid content identity"
+    if isinstance(content_ids, str) or not isinstance(content_ids, Iterable):
+        raise ValueError(message)
+    content_ids = list(content_ids)
+    if any(not isinstance(content_id, str) or not content_id for content_id in content_ids):
+        raise ValueError(message)
+    unique = list(dict.fromkeys(content_ids))
+    if len(unique) > MAX_PAGE_SIZE:
+        raise ValueError(message)
+    return unique
+
+
+__all__: Sequence[str] = (
+    "ENTRY_FAILED_CODE",
+    "OperatorRetryOutcome",
+    "OperatorRetryResult",
+    "ReconciliationClaim",
+    "ReconciliationPhase",
+    "ReconciliationRecord",
+    "ReconciliationRepository",
+    "SourceCandidate",
+    "WorkBarrier",
+    "WorkBarrierState",
+    "delete_one_obsolete_statement",
+    "find_due_statement",
+    "live_claim_exists",
+    "seed_next_candidate_statement",
+    "status_owns_run",
+)

@@ -1,0 +1,108 @@
+"""Builders for reconciliation states shared by the reconciliation repository tests.
+
+Collections are created before activation, so no capture trigger moves the status epoch:
+the tests drive every epoch change themselves, as the upstream tests do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from media_usage_orchestration.cms import Collection, FieldSpec
+from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.reconciliations import (
+    ReconciliationClaim,
+    ReconciliationRepository,
+)
+from tests.support import IMAGE_ONLY, insert_rows, make_collection, one, set_activation
+
+PAST = "2000-01-01T00:00:00.000Z"
+FUTURE = "2999-01-01T00:00:00.000Z"
+FINGERPRINT = "media-usage-fields:v1:sha256:" + "a" * 64
+OTHER_FINGERPRINT = "media-usage-fields:v1:sha256:" + "b" * 64
+ULID_PATTERN = r"^[0-9A-HJKMNP-TV-Z]{26}$"
+
+
+def seed_and_claim(
+    engine,
+    slug: str = "articles",
+    fields: Sequence[FieldSpec] = IMAGE_ONLY,
+    **collection_options: Any,
+) -> tuple[Collection, ReconciliationClaim]:
+    """An active collection, capture activated, its coordinator seeded and claimed."""
+    collection = make_collection(engine, slug, fields, **collection_options)
+    set_activation(engine)
+    repository = ReconciliationRepository(engine)
+    assert repository.seed_next_candidate()
+    row = reconciliation_row(engine, collection.id)
+    claim = repository.claim(collection.id, row["run_token"], 60)
+    assert claim is not None
+    return collection, claim
+
+
+def start_scan(
+    engine, claim: ReconciliationClaim, scan_upper_id: str | None = None
+) -> tuple[int, ReconciliationClaim]:
+    """`begin_run` + `initialize_scan`; returns the epoch and the reloaded claim."""
+    repository = ReconciliationRepository(engine)
+    epoch = repository.begin_run(claim)
+    assert epoch is not None
+    assert repository.initialize_scan(claim, epoch, FINGERPRINT, scan_upper_id)
+    return epoch, reload_claim(engine, claim)
+
+
+def reload_claim(engine, claim: ReconciliationClaim) -> ReconciliationClaim:
+    record = ReconciliationRepository(engine).find_by_identity(claim.collection_id, claim.run_token)
+    assert record is not None and record.lease_token == claim.lease_token
+    return claim.__class__(**record.__dict__)
+
+
+def reconciliation_row(engine, collection_id: str) -> dict[str, Any] | None:
+    return one(engine, schema.reconciliations, collection_id=collection_id)
+
+
+def insert_work_row(engine, collection: Collection, content_id: str, **overrides: Any) -> None:
+    row = {
+        "collection_id": collection.id,
+        "collection_slug": collection.slug,
+        "content_id": content_id,
+        "change_epoch": 0,
+        "work_version": 1,
+        "state": "pending",
+        "attempt_count": 0,
+        "next_attempt_at": PAST,
+        **overrides,
+    }
+    insert_rows(engine, schema.work, [row])
+
+
+def insert_source(engine, collection: Collection, source_key: str, **overrides: Any) -> None:
+    """A canonical content source (identity_version 1) unless overridden."""
+    row = {
+        "source_key": source_key,
+        "source_type": "content",
+        "collection_slug": collection.slug,
+        "collection_id": collection.id,
+        "content_id": source_key.split(":")[-1],
+        "source_variant": "columns",
+        "current_generation": "generation-1",
+        "identity_version": 1,
+        **overrides,
+    }
+    insert_rows(engine, schema.sources, [row])
+
+
+def insert_tombstone(engine, collection: Collection) -> None:
+    insert_rows(
+        engine,
+        schema.collection_deletions,
+        [
+            {
+                "collection_id": collection.id,
+                "collection_slug": collection.slug,
+                "force_delete": 0,
+                "next_attempt_at": PAST,
+            }
+        ],
+    )
