@@ -140,7 +140,7 @@ class CmsWriter:
         collection = Collection(collection_id or new_id(), slug, tuple(fields))
         columns = [ContentField(spec.slug, field_column_type(spec.type)) for spec in fields]
         with self.engine.begin() as connection:
-            state = self._writable_activation_state(connection)
+            state = self._writable_activation_state(connection, schema_change=True)
             self._refuse_held_slug(connection, slug)
             if state == "active":
                 self._create_captured(connection, collection, columns, label)
@@ -163,9 +163,15 @@ class CmsWriter:
         self._insert_registry(connection, collection, label)
         status_store.finalize_collection_capture(connection, collection.id, collection.slug)
 
-    def _writable_activation_state(self, connection: Connection) -> str:
-        """EmDash's write fence: schema and content writes wait while activation runs."""
-        row = read_activation(connection)
+    def _writable_activation_state(
+        self, connection: Connection, *, schema_change: bool = False
+    ) -> str:
+        """EmDash's write fence: schema and content writes wait while activation runs.
+
+        A schema change decided on `expanded` must commit before activation can claim its
+        lease, or the pass could finalize without the new collection or field (content writes
+        need no lock: a collection's capture triggers wait for them, and it is left untrusted)."""
+        row = read_activation(connection, share_lock=schema_change)
         state = row.state if row else "expanded"
         if state == "activating":
             raise CmsError(
@@ -175,11 +181,18 @@ class CmsWriter:
         return state
 
     def _refuse_held_slug(self, connection: Connection, slug: str) -> None:
+        # The slug lock is checked before and again after the registry read, as EmDash does:
+        # a tombstone written while the registry was being read still refuses the create.
+        self._refuse_tombstoned_slug(connection, slug)
         exists_registry = connection.execute(
             select(schema.collections.c.id).where(schema.collections.c.slug == slug)
         ).first()
+        self._refuse_tombstoned_slug(connection, slug)
         if exists_registry is not None:
             raise CmsError("COLLECTION_EXISTS", f"Collection {slug!r} already exists")
+
+    @staticmethod
+    def _refuse_tombstoned_slug(connection: Connection, slug: str) -> None:
         tombstone = connection.execute(
             select(schema.collection_deletions.c.collection_id).where(
                 schema.collection_deletions.c.collection_slug == slug
@@ -246,7 +259,7 @@ class CmsWriter:
         coverage becomes untrusted (EmDash's `invalidateIndexStatusForSchemaChange`)."""
         _validate_fields([spec])
         with self.engine.begin() as connection:
-            state = self._writable_activation_state(connection)
+            state = self._writable_activation_state(connection, schema_change=True)
             collection = load_collection(connection, slug)
             order = len(collection.fields)
             self._insert_field(connection, collection.id, spec, order)

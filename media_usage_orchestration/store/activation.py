@@ -70,12 +70,14 @@ def activation_lease_is_held(lease_token: str):
     )
 
 
-def read_activation(connection: Connection) -> ActivationRow | None:
-    row = (
-        connection.execute(select(activation).where(activation.c.task_key == ACTIVATION_KEY))
-        .mappings()
-        .first()
-    )
+def read_activation(connection: Connection, *, share_lock: bool = False) -> ActivationRow | None:
+    """The activation row. With `share_lock` the row stays share-locked until the reader
+    commits, so a claim (an UPDATE) waits for a schema change that saw `expanded` (PostgreSQL;
+    SQLite writers are already serialized by BEGIN IMMEDIATE)."""
+    statement = select(activation).where(activation.c.task_key == ACTIVATION_KEY)
+    if share_lock:
+        statement = statement.with_for_update(read=True)
+    row = connection.execute(statement).mappings().first()
     if row is None:
         return None
     if row["runtime_generation"] != RUNTIME_GENERATION:

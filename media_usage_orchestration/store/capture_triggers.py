@@ -79,6 +79,14 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _execute_ddl(connection: Connection, ddl: str) -> None:
+    # psycopg reads `%` as a placeholder marker even inside string literals, so a collection ID
+    # containing `%` would break the trigger DDL unless it is doubled.
+    if connection.dialect.name == "postgresql":
+        ddl = ddl.replace("%", "%%")
+    connection.exec_driver_sql(ddl)
+
+
 # --- install / verify / remove ----------------------------------------------------------------
 
 
@@ -93,7 +101,7 @@ def install_capture_triggers(
     names = identity.trigger_names()
     table = identity.table_name
     if connection.dialect.name == "postgresql":
-        connection.exec_driver_sql(_postgres_function_sql())
+        _execute_ddl(connection, _postgres_function_sql())
     installed = list_owned_triggers(connection, table)
     if _has_exact_triggers(connection, identity, installed):
         return
@@ -103,7 +111,7 @@ def install_capture_triggers(
     _drop_triggers(connection, table, [name for name in installed if name not in retained])
     for operation, name in names.items():
         if name not in retained:
-            connection.exec_driver_sql(_create_trigger_sql(connection, identity, operation, name))
+            _execute_ddl(connection, _create_trigger_sql(connection, identity, operation, name))
     if not _has_exact_triggers(connection, identity, list_owned_triggers(connection, table)):
         raise RuntimeError("Media usage capture trigger installation is incomplete")
 

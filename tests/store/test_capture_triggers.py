@@ -4,6 +4,8 @@ lifecycle identity is not exact and active (spec section 4, EmDash's capture-tri
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from sqlalchemy import Engine, select, text, update
 from sqlalchemy.exc import DBAPIError
@@ -24,6 +26,7 @@ from media_usage_orchestration.store.identifiers import InvalidIdentifierError
 from tests.support import NO_MEDIA, all_rows, count, set_status, status_row
 
 COMPLETED_AT = "2026-08-01T00:00:00.000Z"
+SORTABLE_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
 REPLACEMENT_ID = "replacement-collection-id"
 
 
@@ -249,7 +252,7 @@ def test_each_write_bumps_the_epoch_and_keeps_untrusted_statuses(db):
     jobs = {job["content_id"]: int(job["change_epoch"]) for job in all_rows(db.engine, schema.work)}
     assert jobs == {"a": 1, "b": 2}
     # The status row's timestamp is database time in EmDash's sortable format.
-    assert len(status_row(db.engine, "pages")["updated_at"]) == 24
+    assert SORTABLE_TIMESTAMP.fullmatch(status_row(db.engine, "pages")["updated_at"])
 
 
 def test_a_rolled_back_write_leaves_no_job_and_no_epoch(db):
