@@ -1,12 +1,18 @@
 """The one Dagster `Definitions` object of the project."""
 
-from __future__ import annotations
-
 import dagster as dg
 
+from . import jobs, sensors
+from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 
 defs = dg.Definitions(
-    resources={"database": MediaUsageDatabase()},
+    jobs=[
+        jobs.media_usage_activation,
+        jobs.request_collection_deletion,
+        jobs.media_usage_collection_deletion,
+    ],
+    sensors=[sensors.media_usage_collection_deletion_sensor],
+    resources={"database": MediaUsageDatabase(), "automation": MediaUsageAutomation()},
     executor=dg.in_process_executor,
 )

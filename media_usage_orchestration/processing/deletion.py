@@ -178,8 +178,8 @@ def request_collection_deletion(
     """EmDash's `SchemaRegistry.deleteCollection(slug, {force})`."""
     validate_identifier(collection_slug, "collection slug")
     force = _flag(force, "force")
-    collection_id = _registry_id(engine, collection_slug)
-    if collection_id is not None and not force and _has_live_content(engine, collection_slug):
+    collection_id = registry_id(engine, collection_slug)
+    if collection_id is not None and not force and has_live_content(engine, collection_slug):
         raise CollectionHasContentError(collection_slug)
     outcome = delete_activated_collection(
         engine, collection_slug, collection_id=collection_id, force_delete=force
@@ -605,7 +605,7 @@ def _drop_fts_table(connection: Connection, collection_slug: str) -> None:
 # --- reads ------------------------------------------------------------------------------------
 
 
-def _registry_id(engine: Engine, collection_slug: str) -> str | None:
+def registry_id(engine: Engine, collection_slug: str) -> str | None:
     with read_transaction(engine) as connection:
         return connection.execute(
             select(collections.c.id).where(collections.c.slug == collection_slug)
@@ -619,7 +619,7 @@ def _registry_matches(connection: Connection, collection_id: str, collection_slu
     return connection.execute(statement).first() is not None
 
 
-def _has_live_content(engine: Engine, collection_slug: str) -> bool:
+def has_live_content(engine: Engine, collection_slug: str) -> bool:
     """Trashed rows (deleted_at set) are not content; a missing table has none."""
     table_name = content_table_name(collection_slug)
     with read_transaction(engine) as connection:

@@ -1,7 +1,5 @@
 """The Dagster resource that turns a database URL into a SQLAlchemy Engine."""
 
-from __future__ import annotations
-
 import dagster as dg
 from pydantic import Field, PrivateAttr
 from sqlalchemy import Engine

@@ -1,0 +1,44 @@
+"""The activation op: `expanded -> activating -> active`, one lease-guarded step per collection."""
+
+import dagster as dg
+
+from ..processing.activation import ActivationOutcome, activate_step
+from ..resources.database import MediaUsageDatabase
+from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+
+MAX_ACTIVATION_STEPS = 100_000
+
+
+@dg.op(
+    out=dg.Out(dg.Nothing),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Install capture on every collection, one lease-guarded step per collection, "
+    "then mark capture active.",
+)
+def activate_capture(context: dg.OpExecutionContext, database: MediaUsageDatabase):
+    activated: list[str] = []
+    with retry_transient_errors_only():
+        for _ in range(MAX_ACTIVATION_STEPS):
+            result = activate_step(database.engine)
+            for slug in result.processed_collections:
+                activated.append(slug)
+                context.log.info(f"capture active for collection {slug!r}")
+            if result.outcome is ActivationOutcome.LEASE_ACTIVE:
+                raise dg.Failure(
+                    f"Another activation holds the lease until {result.lease_expires_at}",
+                    allow_retries=False,
+                )
+            if result.outcome is ActivationOutcome.CONFLICT:
+                raise dg.Failure("Activation lost its lease to another owner", allow_retries=False)
+            if result.outcome is ActivationOutcome.ACTIVE:
+                break
+        else:
+            raise dg.Failure("Activation did not finish within its step budget")
+    yield dg.Output(
+        None,
+        metadata={
+            "outcome": ActivationOutcome.ACTIVE.value,
+            "collections_activated": len(activated),
+            "collections": ", ".join(activated) or "-",
+        },
+    )

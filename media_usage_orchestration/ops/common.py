@@ -1,0 +1,75 @@
+"""What every op shares: retries for transient database errors only, fast failure otherwise."""
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import dagster as dg
+from sqlalchemy import exc as sa_exc
+
+# Transient: the database was briefly unreachable, busy, or chose us as a deadlock victim.
+# Re-running the step is safe because every write is lease-guarded and idempotent.
+TRANSIENT_RETRY_POLICY = dg.RetryPolicy(
+    max_retries=3, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
+)
+
+_TRANSIENT_SQLSTATES = {
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "55P03",  # lock_not_available
+    "57P01",  # admin_shutdown
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now
+    "08000",
+    "08003",
+    "08006",
+}
+_TRANSIENT_MESSAGES = (
+    "database is locked",
+    "database table is locked",
+    "server closed the connection",
+    "connection refused",
+    "could not connect",
+)
+
+
+def is_transient_database_error(error: BaseException) -> bool:
+    if isinstance(error, sa_exc.DisconnectionError | sa_exc.TimeoutError):
+        return True
+    if not isinstance(error, sa_exc.DBAPIError):
+        return False
+    if error.connection_invalidated:
+        return True
+    if getattr(error.orig, "sqlstate", None) in _TRANSIENT_SQLSTATES:
+        return True
+    message = str(error.orig).lower()
+    return isinstance(error, sa_exc.OperationalError) and any(
+        fragment in message for fragment in _TRANSIENT_MESSAGES
+    )
+
+
+@contextlib.contextmanager
+def retry_transient_errors_only() -> Iterator[None]:
+    """Let transient database errors reach the op's RetryPolicy; fail everything else at once."""
+    try:
+        yield
+    except dg.Failure:
+        raise
+    except Exception as error:
+        if is_transient_database_error(error):
+            raise
+        raise dg.Failure(
+            description=f"{type(error).__name__}: {error}", allow_retries=False
+        ) from error
+
+
+def automation_default_status() -> dg.DefaultSensorStatus:
+    """Sensors and schedules run by default (the point is automatic execution);
+    `MEDIA_USAGE_AUTOMATION=stopped` starts them stopped, e.g. for a maintenance window."""
+    stopped = os.environ.get("MEDIA_USAGE_AUTOMATION", "").strip().lower() == "stopped"
+    return dg.DefaultSensorStatus.STOPPED if stopped else dg.DefaultSensorStatus.RUNNING
+
+
+def automation_default_schedule_status() -> dg.DefaultScheduleStatus:
+    running = automation_default_status() is dg.DefaultSensorStatus.RUNNING
+    return dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED

@@ -1,0 +1,294 @@
+"""Collection deletion ops: the operator's request and the background tombstone graph.
+
+The background graph has one op per phase (fence, registry, table, work, sources, status,
+finalize). An op whose phase is already past hands the claim on untouched; a batch op loops
+batches while its lease is live, renewing it between batches, within its budget.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import dagster as dg
+from pydantic import Field
+from sqlalchemy import Engine
+
+from ..processing import deletion as processing
+from ..processing.deletion import PhaseStepOutcome, PhaseStepResult
+from ..resources.database import MediaUsageDatabase
+from ..store.deletions import (
+    DeletionLease,
+    DeletionLeaseLost,
+    DeletionPhase,
+    DeletionRepository,
+)
+from ..store.identifiers import validate_identifier
+from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from .leased import (
+    StepReport,
+    StepStopped,
+    emit,
+    is_reexecution,
+    leased_outs,
+    run_leased_step,
+)
+
+PHASE_ORDER = tuple(DeletionPhase)
+
+
+@dataclass(frozen=True)
+class DeletionWorkflow:
+    name: str = "collection deletion"
+    lost_errors: tuple[type[BaseException], ...] = (DeletionLeaseLost,)
+
+    def renew(self, engine: Engine, lease: DeletionLease) -> DeletionLease | None:
+        return lease if processing.renew_deletion_lease(engine, lease) else None
+
+    def reclaim(
+        self, engine: Engine, lease: DeletionLease, *, reopen: bool
+    ) -> DeletionLease | None:
+        return claim_tombstone(engine, lease.collection_id, reopen=reopen)
+
+    def release(self, engine: Engine, lease: DeletionLease, delay_seconds: int = 0) -> bool:
+        return processing.release_deletion_lease(engine, lease)
+
+    def record_failure(self, engine: Engine, lease: DeletionLease, error: BaseException) -> str:
+        return processing.record_phase_failure(engine, lease, error).value
+
+
+WORKFLOW = DeletionWorkflow()
+
+
+def claim_tombstone(engine: Engine, collection_id: str, *, reopen: bool) -> DeletionLease | None:
+    """Claim the tombstone in its current phase; an operator's re-execution first reopens a
+    failed or backing-off tombstone (EmDash's operator retry: phase kept, attempts reset)."""
+    if reopen:
+        DeletionRepository(engine).retry_operator_deletion(collection_id)
+    claim = processing.claim_due_deletion(engine, collection_id)
+    return DeletionLease(claim.collection_id, claim.lease_token) if claim else None
+
+
+# --- background graph ---------------------------------------------------------------------------
+
+
+class ClaimDeletionConfig(dg.Config):
+    collection_id: str = Field(description="Immutable id of the collection being deleted.")
+
+
+class DeletionBatchBudget(dg.Config):
+    max_batches: int = Field(default=2000, ge=1, description="Batches of 50 rows per op.")
+    max_seconds: float = Field(default=300.0, gt=0, le=3600, description="Time budget per op.")
+
+
+@dg.op(
+    out=leased_outs(DeletionLease),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Claim the collection's tombstone (300 s lease) in whatever phase it is in.",
+)
+def claim_deletion(
+    context: dg.OpExecutionContext, config: ClaimDeletionConfig, database: MediaUsageDatabase
+):
+    with retry_transient_errors_only():
+        lease = claim_tombstone(
+            database.engine, config.collection_id, reopen=is_reexecution(context)
+        )
+    if lease is None:
+        yield from emit(
+            context, StepReport("not_due", None, {"collection_id": config.collection_id})
+        )
+        return
+    yield from emit(context, StepReport("claimed", lease, {"collection_id": config.collection_id}))
+
+
+def _phase_body(
+    engine: Engine,
+    phase: DeletionPhase,
+    step: Callable[[Engine, DeletionLease], PhaseStepResult],
+    budget: DeletionBatchBudget | None,
+) -> Callable[[DeletionLease], StepReport]:
+    def body(lease: DeletionLease) -> StepReport:
+        started, batches, deleted = time.monotonic(), 0, 0
+        while True:
+            result = step(engine, lease)
+            batches += 1
+            deleted += result.deleted
+            metadata = {"phase": phase.value, "batches": batches, "rows_deleted": deleted}
+            if result.outcome is PhaseStepOutcome.REPEAT:
+                if budget is None or _spent(budget, batches, started):
+                    WORKFLOW.release(engine, lease)
+                    raise StepStopped("budget_exhausted", **metadata)
+                if WORKFLOW.renew(engine, lease) is None:
+                    raise StepStopped("claim_lost", **metadata)
+                continue
+            return _report(phase, result, lease, metadata)
+
+    return body
+
+
+def _spent(budget: DeletionBatchBudget, batches: int, started: float) -> bool:
+    return batches >= budget.max_batches or time.monotonic() - started >= budget.max_seconds
+
+
+def _report(phase: DeletionPhase, result: PhaseStepResult, lease, metadata) -> StepReport:
+    if result.outcome is PhaseStepOutcome.HAS_CONTENT:
+        raise StepStopped("has_content", **metadata)
+    if result.outcome is PhaseStepOutcome.FINALIZED:
+        return StepReport("finalized", None, metadata)
+    if result.outcome is PhaseStepOutcome.SKIPPED:
+        if result.phase is None:
+            raise StepStopped("gone", **metadata)
+        if PHASE_ORDER.index(result.phase) < PHASE_ORDER.index(phase):
+            raise StepStopped("out_of_order", tombstone_phase=result.phase.value, **metadata)
+        return StepReport(
+            "already_past", lease, {**metadata, "tombstone_phase": result.phase.value}
+        )
+    return StepReport("advanced", lease, {**metadata, "next_phase": _phase_name(result.phase)})
+
+
+def _phase_name(phase: DeletionPhase | None) -> str:
+    return phase.value if phase else "-"
+
+
+def _phase_op(
+    name: str,
+    phase: DeletionPhase,
+    step: Callable[[Engine, DeletionLease], PhaseStepResult],
+    description: str,
+    *,
+    batched: bool = False,
+) -> dg.OpDefinition:
+    if batched:
+
+        @dg.op(
+            name=name,
+            ins={"lease": dg.In(DeletionLease)},
+            out=leased_outs(DeletionLease),
+            retry_policy=TRANSIENT_RETRY_POLICY,
+            description=description,
+        )
+        def _batched(
+            context: dg.OpExecutionContext,
+            lease: DeletionLease,
+            config: DeletionBatchBudget,
+            database: MediaUsageDatabase,
+        ):
+            body = _phase_body(database.engine, phase, step, config)
+            yield from run_leased_step(context, WORKFLOW, database.engine, lease, body)
+
+        return _batched
+
+    @dg.op(
+        name=name,
+        ins={"lease": dg.In(DeletionLease)},
+        out=leased_outs(DeletionLease),
+        retry_policy=TRANSIENT_RETRY_POLICY,
+        description=description,
+    )
+    def _single(context: dg.OpExecutionContext, lease: DeletionLease, database: MediaUsageDatabase):
+        body = _phase_body(database.engine, phase, step, None)
+        yield from run_leased_step(context, WORKFLOW, database.engine, lease, body)
+
+    return _single
+
+
+fence = _phase_op(
+    "fence",
+    DeletionPhase.FENCE,
+    processing.fence_step,
+    "Fence capture (capture_state deleting) after the has-content check; keeps the collection "
+    "and cancels the tombstone when it has content and deletion is not forced.",
+)
+remove_registry = _phase_op(
+    "remove_registry",
+    DeletionPhase.REGISTRY,
+    processing.registry_step,
+    "Delete the registry row and its fields under the deletion lease.",
+)
+drop_table = _phase_op(
+    "drop_table",
+    DeletionPhase.TABLE,
+    processing.table_step,
+    "Drop the search table and ec_<slug> (its capture triggers go with it).",
+)
+delete_work = _phase_op(
+    "delete_work",
+    DeletionPhase.WORK,
+    processing.delete_work_step,
+    "Delete the collection's work rows, 50 per batch, with a cursor.",
+    batched=True,
+)
+delete_sources = _phase_op(
+    "delete_sources",
+    DeletionPhase.SOURCES,
+    processing.delete_sources_step,
+    "Delete the collection's canonical sources and their occurrences, 50 rows per batch.",
+    batched=True,
+)
+delete_status = _phase_op(
+    "delete_status",
+    DeletionPhase.STATUS,
+    processing.delete_status_step,
+    "Remove the reconciliation and status rows once no work or sources remain.",
+)
+finalize_deletion = _phase_op(
+    "finalize_deletion",
+    DeletionPhase.FINALIZE,
+    processing.finalize_step,
+    "Check nothing is left, then delete the tombstone: the slug is free again.",
+)
+
+
+# --- operator request ----------------------------------------------------------------------
+
+
+class RequestDeletionConfig(dg.Config):
+    collection: str = Field(description="Slug of the collection to delete.")
+    force: bool = Field(default=False, description="Delete even when it still has live entries.")
+
+
+@dg.op(
+    out=dg.Out(dg.Nothing),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Request a collection deletion: tombstone, fence, registry and table now; "
+    "the background job removes the rest.",
+)
+def request_deletion(
+    context: dg.OpExecutionContext, config: RequestDeletionConfig, database: MediaUsageDatabase
+):
+    validate_identifier(config.collection, "collection slug")
+    engine = database.engine
+    with retry_transient_errors_only():
+        outcome, detail = _request(engine, config.collection, config.force)
+    context.log.info(f"deletion of {config.collection!r}: {outcome} ({detail})")
+    yield dg.Output(
+        None,
+        metadata={"outcome": outcome, "collection": config.collection, "detail": detail},
+    )
+
+
+def _request(engine: Engine, slug: str, force: bool) -> tuple[str, str]:
+    collection_id = processing.registry_id(engine, slug)
+    if collection_id is not None and not force and processing.has_live_content(engine, slug):
+        raise _refused(slug)
+    outcome = processing.delete_activated_collection(
+        engine, slug, collection_id=collection_id, force_delete=force
+    )
+    if outcome is processing.FrontPhaseOutcome.HAS_CONTENT:
+        raise _refused(slug)
+    if outcome is processing.FrontPhaseOutcome.NOT_FOUND:
+        raise dg.Failure(f"Collection {slug!r} does not exist", allow_retries=False)
+    if outcome is processing.FrontPhaseOutcome.INACTIVE:
+        processing.request_collection_deletion(engine, slug, force=force)
+        return outcome.value, "capture is not activated: deleted synchronously"
+    if outcome is processing.FrontPhaseOutcome.IN_PROGRESS:
+        return outcome.value, "another owner holds the tombstone; the background job continues"
+    return outcome.value, "registry and table removed; the background job removes the rest"
+
+
+def _refused(slug: str) -> dg.Failure:
+    return dg.Failure(
+        f"Collection {slug!r} still has entries; nothing was changed. Delete or trash its "
+        "entries first, or request the deletion again with force: true.",
+        metadata={"outcome": "has_content", "collection": slug},
+        allow_retries=False,
+    )

@@ -1,0 +1,131 @@
+"""The shape shared by every lease-guarded op of the reconciliation and deletion graphs.
+
+An op receives the claim identity from the previous op (or, on re-execution from failure, from
+the failed run's stored output), makes sure the lease is still ours (renew it; if it lapsed or
+a failure was recorded, claim again), runs its step, and then either hands the claim on or
+yields nothing so the rest of the run is skipped. Every op also yields an `outcome` output whose
+metadata says what happened, and tags the run with the latest outcome for the runs list.
+
+Failures: a transient database error is re-raised for the op's RetryPolicy (the lease is still
+ours and the step is idempotent); any other exception is recorded on the row exactly as
+EmDash's tick records it (retry with backoff, or failed at the 5th attempt), then fails the op.
+"""
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import dagster as dg
+from sqlalchemy import Engine
+
+from .common import is_transient_database_error
+
+L = TypeVar("L")
+
+OUTCOME_TAG = "media_usage/outcome"
+COLLECTION_TAG = "media_usage/collection"
+
+
+class LeasedWorkflow(Protocol[L]):
+    """How a workflow's lease is kept, regained, released and charged with a failure."""
+
+    name: str
+    lost_errors: tuple[type[BaseException], ...]
+
+    def renew(self, engine: Engine, lease: L) -> L | None: ...
+
+    def reclaim(self, engine: Engine, lease: L, *, reopen: bool) -> L | None: ...
+
+    def release(self, engine: Engine, lease: L, delay_seconds: int) -> bool: ...
+
+    def record_failure(self, engine: Engine, lease: L, error: BaseException) -> str: ...
+
+
+@dataclass(frozen=True)
+class StepReport(Generic[L]):
+    """What a step did: `lease` is handed to the next op, or None to stop the run here."""
+
+    outcome: str
+    lease: L | None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+class StepStopped(Exception):
+    """Raised inside a step when it must stop without handing the claim on."""
+
+    def __init__(self, outcome: str, **metadata: Any) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+        self.metadata = metadata
+
+
+def is_reexecution(context: dg.OpExecutionContext) -> bool:
+    """A run an operator re-executed (all steps or from failure) may reopen a failed row."""
+    run = context.instance.get_run_by_id(context.run_id)
+    return run is not None and run.parent_run_id is not None
+
+
+def ensure_lease(
+    context: dg.OpExecutionContext, workflow: LeasedWorkflow[L], engine: Engine, lease: L
+) -> L | None:
+    renewed = workflow.renew(engine, lease)
+    if renewed is not None:
+        return renewed
+    regained = workflow.reclaim(engine, lease, reopen=is_reexecution(context))
+    if regained is not None:
+        context.log.info(f"{workflow.name}: lease regained after it lapsed or was released")
+    return regained
+
+
+def run_leased_step(
+    context: dg.OpExecutionContext,
+    workflow: LeasedWorkflow[L],
+    engine: Engine,
+    lease: L,
+    step: Callable[[L], StepReport[L]],
+) -> Iterator[dg.Output]:
+    """Drive one op: keep the lease, run the step, emit the outputs."""
+    held = ensure_lease(context, workflow, engine, lease)
+    if held is None:
+        yield from emit(context, StepReport("claim_lost", None, {"reason": "lease held elsewhere"}))
+        return
+    try:
+        report = step(held)
+    except StepStopped as stopped:
+        report = StepReport(stopped.outcome, None, stopped.metadata)
+    except workflow.lost_errors as lost:
+        report = StepReport("claim_lost", None, {"reason": str(lost)})
+    except Exception as error:
+        if is_transient_database_error(error):
+            raise
+        recorded = workflow.record_failure(engine, held, error)
+        _tag_run(context, recorded)
+        raise dg.Failure(
+            description=f"{workflow.name} step failed ({recorded}): {type(error).__name__}: {error}",
+            metadata={"outcome": recorded},
+            allow_retries=False,
+        ) from error
+    yield from emit(context, report)
+
+
+def emit(context: dg.OpExecutionContext, report: StepReport) -> Iterator[dg.Output]:
+    metadata = {"outcome": report.outcome, **dict(report.metadata)}
+    yield dg.Output(None, output_name="outcome", metadata=metadata)
+    if report.lease is not None:
+        yield dg.Output(report.lease, output_name="lease")
+    else:
+        context.log.info(f"stopping here: {report.outcome}")
+    _tag_run(context, report.outcome)
+
+
+def _tag_run(context: dg.OpExecutionContext, outcome: str) -> None:
+    # Direct invocation (build_op_context) has no stored run to tag.
+    if context.instance.get_run_by_id(context.run_id) is not None:
+        context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: outcome})
+
+
+def leased_outs(lease_type: type) -> dict[str, dg.Out]:
+    return {
+        "lease": dg.Out(lease_type, is_required=False, description="The claim, handed on."),
+        "outcome": dg.Out(dg.Nothing, description="What this step did (see metadata)."),
+    }
