@@ -12,6 +12,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import make_url
 
 from . import cms, sample_content
+from .processing.verify import VerifyReport, verify_index
 from .store import schema
 from .store.engine import create_database_engine, default_database_url, redacted_url
 from .store.identifiers import content_table_name
@@ -87,6 +88,60 @@ def _add_drafts_and_trash(writer: cms.CmsWriter, slug: str, prefix: str, count: 
         writer.save_draft(slug, entry["id"], sample_content.draft_revision_data(entry))
     for index in range(4, count, 25):
         writer.trash_entry(slug, sample_content.sample_entry(prefix, index)["id"])
+
+
+@main.command()
+@click.option("--database-url", envvar="MEDIA_USAGE_DATABASE_URL", default=None)
+@click.option(
+    "--collection",
+    "collection_slugs",
+    multiple=True,
+    help="Only this collection (repeatable); default: every captured collection.",
+)
+@click.option("--limit", default=200, show_default=True, help="Differences to print at most.")
+def verify(database_url: str | None, collection_slugs: tuple[str, ...], limit: int) -> None:
+    """Recompute the index from the content and compare; exit 1 on any drift."""
+    report = verify_index(_engine(database_url), collection_slugs or None)
+    console.print(verify_summary_table(report))
+    if report.has_drift:
+        console.print(verify_differences_table(report, limit))
+        console.print(f"[bold red]{len(report.differences)} differences[/]")
+        sys.exit(1)
+    console.print("[bold green]No drift[/]: the index equals what extraction computes.")
+
+
+def verify_summary_table(report: VerifyReport) -> Table:
+    table = Table(title="Media usage index verification")
+    for header in ("collection", "entries", "sources", "abandoned rows", "pending work"):
+        table.add_column(header)
+    for summary in report.collections:
+        table.add_row(
+            summary.collection_slug,
+            str(summary.entry_count),
+            str(summary.source_count),
+            str(summary.abandoned_occurrence_count),
+            str(summary.pending_work_count),
+        )
+    return table
+
+
+def verify_differences_table(report: VerifyReport, limit: int) -> Table:
+    shown = report.differences[: max(limit, 0)]
+    hidden = len(report.differences) - len(shown)
+    caption = f"{hidden} more not shown" if hidden > 0 else None
+    table = Table(title="Differences", caption=caption)
+    table.add_column("kind", no_wrap=True)
+    for header in ("collection", "entry", "source", "detail"):
+        table.add_column(header, overflow="fold")
+    for difference in shown:
+        table.add_row(
+            difference.kind.value,
+            difference.collection_slug,
+            difference.content_id or "-",
+            difference.source_key or "-",
+            difference.detail,
+        )
+    return table
 
 
 def collections_table(engine: Engine) -> Table:

@@ -2,17 +2,25 @@
 
 import dagster as dg
 
-from . import jobs, sensors
+from . import jobs, schedules, sensors
 from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 
 defs = dg.Definitions(
     jobs=[
+        jobs.media_usage_work,
+        jobs.media_usage_reconciliation,
+        jobs.media_usage_maintenance,
         jobs.media_usage_activation,
         jobs.request_collection_deletion,
         jobs.media_usage_collection_deletion,
     ],
-    sensors=[sensors.media_usage_collection_deletion_sensor],
+    sensors=[
+        sensors.media_usage_work_sensor,
+        sensors.media_usage_reconciliation_sensor,
+        sensors.media_usage_collection_deletion_sensor,
+    ],
+    schedules=[schedules.media_usage_maintenance_schedule],
     resources={"database": MediaUsageDatabase(), "automation": MediaUsageAutomation()},
     executor=dg.in_process_executor,
 )

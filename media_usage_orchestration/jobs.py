@@ -14,6 +14,17 @@ from .ops.deletion import (
     remove_registry,
     request_deletion,
 )
+from .ops.maintenance import settle_and_seed_reconciliations, sync_collection_partitions
+from .ops.reconciliation import (
+    claim_reconciliation,
+    drain_collection_work,
+    finalize_coverage,
+    prepare_run,
+    scan_pages,
+    scan_sources,
+)
+from .ops.work import process_due_work
+from .partitions import media_usage_collections
 
 
 @dg.job(
@@ -55,3 +66,44 @@ def media_usage_collection_deletion():
     emptied = delete_sources(drained.lease)
     cleared = delete_status(emptied.lease)
     finalize_deletion(cleared.lease)
+
+
+@dg.job(
+    name="media_usage_work",
+    description="Process due per-entry work: project each entry's media references into "
+    "sources and occurrences, every item under its own lease.",
+    executor_def=dg.in_process_executor,
+    tags={"media_usage/workflow": "work"},
+)
+def media_usage_work():
+    process_due_work()
+
+
+@dg.job(
+    name="media_usage_reconciliation",
+    description="Reconcile one collection (the partition) until its coverage is complete: "
+    "claim, prepare, scan pages, drain work, source pages, finalize - each op one "
+    "lease-guarded step. Backfill partitions to reconcile any set of collections.",
+    executor_def=dg.in_process_executor,
+    partitions_def=media_usage_collections,
+    tags={"media_usage/workflow": "reconciliation"},
+)
+def media_usage_reconciliation():
+    claimed = claim_reconciliation()
+    prepared = prepare_run(claimed.lease)
+    scanned = scan_pages(prepared.lease)
+    drained = drain_collection_work(scanned.lease)
+    sourced = scan_sources(drained.lease)
+    finalize_coverage(sourced.lease)
+
+
+@dg.job(
+    name="media_usage_maintenance",
+    description="The maintenance lane: settle reconciliations, seed candidates and keep the "
+    "collection partitions equal to the registry.",
+    executor_def=dg.in_process_executor,
+    tags={"media_usage/workflow": "maintenance"},
+)
+def media_usage_maintenance():
+    settle_and_seed_reconciliations()
+    sync_collection_partitions()

@@ -5,11 +5,14 @@ import hashlib
 
 import dagster as dg
 
-from .jobs import media_usage_collection_deletion
+from .jobs import media_usage_collection_deletion, media_usage_reconciliation, media_usage_work
 from .ops.common import automation_default_status
 from .ops.leased import COLLECTION_TAG
+from .partitions import media_usage_collections
+from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 from .store.deletions import DeletionRepository
+from .store.probes import due_reconciliations, earliest_due_work
 
 COLLECTION_ID_TAG = "media_usage/collection_id"
 IN_FLIGHT_STATUSES = [
@@ -20,6 +23,7 @@ IN_FLIGHT_STATUSES = [
     dg.DagsterRunStatus.CANCELING,
 ]
 MAX_DUE_DELETIONS = 25
+MAX_DUE_RECONCILIATIONS = 25
 
 
 def runs_in_flight(
@@ -71,3 +75,89 @@ def media_usage_collection_deletion_sensor(
     if not requests:
         return dg.SkipReason("no due collection-deletion tombstones without a run in flight")
     return dg.SensorResult(run_requests=requests)
+
+
+@dg.sensor(
+    job=media_usage_work,
+    minimum_interval_seconds=15,
+    default_status=automation_default_status(),
+    description="A work run when due work exists and fewer than `max_work_runs` work runs are "
+    "queued or running; the run key follows the earliest due item.",
+)
+def media_usage_work_sensor(
+    context: dg.SensorEvaluationContext,
+    database: MediaUsageDatabase,
+    automation: MediaUsageAutomation,
+):
+    earliest = earliest_due_work(database.engine)
+    if earliest is None:
+        return dg.SkipReason("no due work")
+    in_flight = runs_in_flight(context.instance, media_usage_work.name)
+    if in_flight >= automation.max_work_runs:
+        return dg.SkipReason(f"{in_flight} work runs already queued or running")
+    return dg.RunRequest(
+        run_key=run_key(
+            "work",
+            earliest.collection_id,
+            earliest.content_id,
+            earliest.work_version,
+            earliest.due_at,
+            in_flight,
+        ),
+        run_config={
+            "ops": {
+                "process_due_work": {
+                    "config": {
+                        "max_items": automation.work_items_per_run,
+                        "max_seconds": automation.work_seconds_per_run,
+                        "batch_size": automation.work_batch_size,
+                    }
+                }
+            }
+        },
+        tags={"media_usage/workflow": "work"},
+    )
+
+
+@dg.sensor(
+    job=media_usage_reconciliation,
+    minimum_interval_seconds=30,
+    default_status=automation_default_status(),
+    description="One reconciliation run per due coordinator row (and per collection that "
+    "needs one but has none), partitioned by slug; none while that collection has a run "
+    "queued or in progress.",
+)
+def media_usage_reconciliation_sensor(
+    context: dg.SensorEvaluationContext, database: MediaUsageDatabase
+):
+    candidates = due_reconciliations(database.engine, MAX_DUE_RECONCILIATIONS)
+    known = set(context.instance.get_dynamic_partitions(media_usage_collections.name))
+    new_partitions = sorted({c.collection_slug for c in candidates} - known)
+    requests = []
+    for candidate in candidates:
+        tags = {COLLECTION_ID_TAG: candidate.collection_id}
+        if candidate.collection_slug not in known:
+            continue  # its partition is added by this tick; the run is requested on the next
+        if runs_in_flight(context.instance, media_usage_reconciliation.name, tags):
+            continue
+        requests.append(
+            dg.RunRequest(
+                run_key=run_key(
+                    "reconcile",
+                    candidate.collection_id,
+                    candidate.run_token or "seed",
+                    candidate.generation,
+                ),
+                partition_key=candidate.collection_slug,
+                tags={**tags, COLLECTION_TAG: candidate.collection_slug},
+            )
+        )
+    partition_requests = (
+        [media_usage_collections.build_add_request(new_partitions)] if new_partitions else []
+    )
+    if not requests:
+        return dg.SensorResult(
+            skip_reason=dg.SkipReason("no collection needs a reconciliation run now"),
+            dynamic_partitions_requests=partition_requests,
+        )
+    return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=partition_requests)

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, select, union_all
+from sqlalchemy import Engine, String, case, cast, exists, literal, null, select, union_all
 
 from .clock import is_due
 from .engine import read_transaction
-from .schema import work
+from .predicates import (
+    activation_is_active,
+    is_content_collection_status,
+    no_deletion_tombstone,
+    registry_identity_is_current,
+)
+from .reconciliations import find_due_statement
+from .schema import index_status, reconciliations, work
 
 
 @dataclass(frozen=True)
@@ -53,4 +60,64 @@ def earliest_due_work(engine: Engine) -> DueWork | None:
     )
     with read_transaction(engine) as connection:
         row = connection.execute(statement).first()
-    return DueWork(row.collection_id, row.content_id, int(row.work_version), row.due_at) if row else None
+    return (
+        DueWork(row.collection_id, row.content_id, int(row.work_version), row.due_at)
+        if row
+        else None
+    )
+
+
+@dataclass(frozen=True)
+class ReconciliationCandidate:
+    """A collection that needs a reconciliation run now; `generation` changes every time the
+    row becomes due again (or, with no row yet, every time its coverage changes)."""
+
+    collection_id: str
+    collection_slug: str
+    run_token: str | None
+    generation: str
+
+
+def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandidate]:
+    """Due coordinator rows, plus collections that need one and have none, in one statement."""
+    due = find_due_statement(limit).subquery("due")
+    due_at = case((due.c.state == "leased", due.c.lease_expires_at), else_=due.c.next_attempt_at)
+    rows = select(
+        due.c.collection_id,
+        due.c.collection_slug,
+        due.c.run_token,
+        (due_at + literal(":") + due.c.updated_at).label("generation"),
+    )
+    status = index_status.alias("status")
+    existing = reconciliations.alias("existing")
+    needing = (
+        select(
+            status.c.collection_id,
+            status.c.scope_key.label("collection_slug"),
+            null().label("run_token"),
+            (cast(status.c.change_epoch, String) + literal(":") + status.c.updated_at).label(
+                "generation"
+            ),
+        )
+        .where(
+            is_content_collection_status(status),
+            status.c.capture_state == "active",
+            status.c.reconciliation_required == 1,
+            status.c.collection_id.is_not(None),
+            registry_identity_is_current(status.c.collection_id, status.c.scope_key),
+            activation_is_active(),
+            ~exists(
+                select(literal(1))
+                .select_from(existing)
+                .where(existing.c.collection_id == status.c.collection_id)
+            ),
+            no_deletion_tombstone(status.c.collection_id),
+        )
+        .order_by(status.c.collection_id)
+        .limit(limit)
+    )
+    # SQLite refuses a parenthesized compound member: the bounded branch becomes a subquery.
+    statement = union_all(rows, select(needing.subquery("needing")))
+    with read_transaction(engine) as connection:
+        found = connection.execute(statement).all()
+    return [ReconciliationCandidate(*row) for row in found[:limit]]

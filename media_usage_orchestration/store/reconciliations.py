@@ -13,6 +13,10 @@ Beyond the seed (each says so in its docstring):
   `target_epoch` NULL, so `reset_failed_for_new_epoch` can never match and seeding skips the
   collection for ever.
 - `retry_failed_by_operator`: an operator retry, which EmDash does not offer for reconciliations.
+- `find_by_collection`, `find_coverage`, `seed_collection`, `request_full_reconciliation`,
+  `delete_one_obsolete_collection`, `holds_live_claim`: reconciling one named collection (a
+  partitioned run or an operator's forced run) step by step, and reporting which collection a
+  tick touched.
 
 How the stuck state heals automatically: the seed's reset waits until the status epoch moves
 past the epoch the failure was judged at, so a deterministic failure does not loop. A NULL
@@ -138,6 +142,17 @@ class SourceCandidate:
 class WorkBarrier:
     state: WorkBarrierState
     error_code: str | None = None
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The parts of a collection's status row that decide whether it can be reconciled."""
+
+    status: str
+    capture_state: str | None
+    reconciliation_required: int
+    cursor: str | None
+    change_epoch: int
 
 
 @dataclass(frozen=True)
@@ -367,8 +382,11 @@ def find_due_statement(limit: int) -> Select:
     return select(merged).order_by(due_at, merged.c.updated_at, merged.c.collection_id).limit(limit)
 
 
-def seed_next_candidate_statement(connection: Connection, run_token: str):
-    """INSERT ... SELECT the lowest eligible collection id, ON CONFLICT DO NOTHING."""
+def seed_next_candidate_statement(
+    connection: Connection, run_token: str, collection_id: str | None = None
+):
+    """INSERT ... SELECT the lowest eligible collection id, ON CONFLICT DO NOTHING; with
+    `collection_id`, the same guarded insert for that collection only."""
     status = _s.alias("status")
     existing = _r.alias("existing")
     candidate = (
@@ -390,6 +408,8 @@ def seed_next_candidate_statement(connection: Connection, run_token: str):
         .order_by(status.c.collection_id)
         .limit(1)
     )
+    if collection_id is not None:
+        candidate = candidate.where(status.c.collection_id == collection_id)
     columns = ["collection_id", "collection_slug", "run_token", "next_attempt_at", "updated_at"]
     return (
         dialect_insert(connection, _r)
@@ -425,6 +445,37 @@ class ReconciliationRepository:
                 select(_r).where(_r.c.collection_id == collection_id, _r.c.run_token == run_token)
             ).first()
         return _to_record(row) if row is not None else None
+
+    def find_by_collection(self, collection_id: str) -> ReconciliationRecord | None:
+        """Beyond the seed: the coordinator of a collection, whatever its run token (a
+        collection has at most one)."""
+        require_text(collection_id, "Reconciliation lookup requires a collection ID")
+        with read_transaction(self.engine) as connection:
+            row = connection.execute(select(_r).where(_r.c.collection_id == collection_id)).first()
+        return _to_record(row) if row is not None else None
+
+    def find_coverage(self, collection_id: str) -> Coverage | None:
+        """Beyond the seed: the content-media status row of a collection, to explain why a
+        collection cannot be claimed."""
+        require_text(collection_id, "Reconciliation lookup requires a collection ID")
+        statement = select(
+            _s.c.status,
+            _s.c.capture_state,
+            _s.c.reconciliation_required,
+            _s.c.cursor,
+            _s.c.change_epoch,
+        ).where(is_content_collection_status(), _s.c.collection_id == collection_id)
+        with read_transaction(self.engine) as connection:
+            row = connection.execute(statement).first()
+        if row is None:
+            return None
+        return Coverage(
+            status=row.status,
+            capture_state=row.capture_state,
+            reconciliation_required=int(row.reconciliation_required),
+            cursor=row.cursor,
+            change_epoch=int(row.change_epoch),
+        )
 
     def find_due(self, limit: int) -> list[ReconciliationRecord]:
         statement = find_due_statement(limit)
@@ -474,6 +525,13 @@ class ReconciliationRepository:
         with read_transaction(self.engine) as connection:
             owned = connection.execute(select(status_owns_run(claim, epoch))).scalar()
         return bool(owned)
+
+    def holds_live_claim(self, claim: ReconciliationRecord) -> bool:
+        """Beyond the seed: `live_claim_exists` as a read, so a step can tell "nothing left
+        to page" from "the guarded page read saw nothing because the lease is gone"."""
+        _require_claim(claim)
+        with read_transaction(self.engine) as connection:
+            return bool(connection.execute(select(live_claim_exists(claim))).scalar())
 
     def find_work_barrier(self, collection_id: str) -> WorkBarrier:
         """Counts every work row of the collection, captured ones included."""
@@ -941,8 +999,13 @@ class ReconciliationRepository:
     def delete_one_obsolete(self) -> bool:
         """Delete one coordinator whose coverage is already trusted (e.g. a manual repair
         finished), in any state."""
+        return self.delete_one_obsolete_collection() is not None
+
+    def delete_one_obsolete_collection(self) -> str | None:
+        """`delete_one_obsolete`, returning the collection id of the deleted coordinator."""
         with self.engine.begin() as connection:
-            return connection.execute(delete_one_obsolete_statement()).first() is not None
+            row = connection.execute(delete_one_obsolete_statement()).first()
+        return row.collection_id if row is not None else None
 
     # -- seeding and leases ----------------------------------------------------------------------
 
@@ -952,6 +1015,44 @@ class ReconciliationRepository:
             statement = seed_next_candidate_statement(connection, str(ULID()))
             # RETURNING, not rowcount: psycopg reports -1 for an INSERT.
             return connection.execute(statement).first() is not None
+
+    def seed_collection(self, collection_id: str) -> bool:
+        """Beyond the seed: `seed_next_candidate` for one named collection (an operator or a
+        partitioned run reconciles that collection, not the lowest eligible one)."""
+        require_text(collection_id, "Reconciliation seeding requires a collection ID")
+        with self.engine.begin() as connection:
+            statement = seed_next_candidate_statement(connection, str(ULID()), collection_id)
+            return connection.execute(statement).first() is not None
+
+    def request_full_reconciliation(self, collection_id: str) -> bool:
+        """Beyond the seed: make trusted coverage untrusted again so a full reconciliation
+        runs (an operator's forced run). Only an active, current, undeleted collection whose
+        coverage nobody is running; the epoch moves, so work and runs of the old epoch are
+        fenced exactly as after a schema change."""
+        require_text(collection_id, "Reconciliation request requires a collection ID")
+        statement = (
+            update(_s)
+            .where(
+                is_content_collection_status(),
+                _s.c.collection_id == collection_id,
+                _s.c.capture_state == "active",
+                _s.c.reconciliation_required == 0,
+                _s.c.status != "running",
+                _s.c.cursor.is_(None),
+                registry_identity_is_current(_s.c.collection_id, _s.c.scope_key),
+                activation_is_active(),
+                no_deletion_tombstone(_s.c.collection_id),
+            )
+            .values(
+                change_epoch=_s.c.change_epoch + 1,
+                status="stale",
+                reconciliation_required=1,
+                cursor=None,
+                completed_at=None,
+                updated_at=now(),
+            )
+        )
+        return self._write(statement)
 
     def claim(
         self, collection_id: str, run_token: str, lease_duration_seconds: int
@@ -1300,6 +1401,7 @@ def _unique_content_ids(content_ids: Iterable[str]) -> list[str]:
 
 __all__: Sequence[str] = (
     "ENTRY_FAILED_CODE",
+    "Coverage",
     "OperatorRetryOutcome",
     "OperatorRetryResult",
     "ReconciliationClaim",

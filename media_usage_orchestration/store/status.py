@@ -1,5 +1,6 @@
 """Guarded statements on a collection's index status row (`_emdash_media_usage_index_status`)
-that belong to capture lifecycles: activation, collection creation and schema changes.
+that belong to capture lifecycles (activation, collection creation, schema changes) and to
+the outcomes of incremental work.
 
 The status row is the coverage record and the capture fence at once: `capture_state` decides
 whether content writes are accepted, `change_epoch` orders every captured change.
@@ -7,10 +8,11 @@ whether content writes are accepted, `change_epoch` orders every captured change
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, and_, case, exists, literal, or_, select, update
+from sqlalchemy import Connection, and_, case, exists, literal, null, or_, select, update
 
 from .activation import RUNTIME_GENERATION, activation_lease_is_held
 from .clock import now
+from .identifiers import validate_error_code
 from .predicates import is_content_collection_status, registry_identity_is_current
 from .schema import (
     ACTIVATION_KEY,
@@ -19,6 +21,8 @@ from .schema import (
     activation,
     dialect_insert,
     index_status,
+    reconciliations,
+    work,
 )
 
 STALE_CODE = "CONTENT_USAGE_STALE"
@@ -177,3 +181,107 @@ def invalidate_for_schema_change(connection: Connection, collection_id: str, slu
     )
     if result.rowcount == 0:
         raise LifecycleConflictError("Media usage coverage invalidation lost its fence")
+
+
+# --- incremental work outcomes (spec 5.7) -----------------------------------------------------
+
+
+def _active_bound_row(collection_id: str, slug: str):
+    return and_(
+        _row(collection_id, slug),
+        index_status.c.capture_state == "active",
+        registry_identity_is_current(collection_id, slug),
+    )
+
+
+def record_incremental_success(connection: Connection, collection_id: str, slug: str) -> bool:
+    """Note a completed work item; coverage becomes `complete` only if it was already trusted
+    and no work of the collection remains. Untrusted coverage (`reconciliation_required = 1`)
+    only a full reconciliation can complete."""
+    observed = connection.execute(
+        select(index_status.c.change_epoch).where(_active_bound_row(collection_id, slug))
+    ).scalar_one_or_none()
+    if observed is None:
+        return False
+    can_complete = and_(
+        index_status.c.reconciliation_required == 0,
+        index_status.c.status.in_(("complete", "stale", "partial")),
+        ~exists(select(literal(1)).select_from(work).where(work.c.collection_id == collection_id)),
+    )
+    stamp = now()
+    result = connection.execute(
+        update(index_status)
+        .where(_active_bound_row(collection_id, slug), index_status.c.change_epoch == observed)
+        .values(
+            status=case((can_complete, "complete"), else_=index_status.c.status),
+            completed_at=case((can_complete, stamp), else_=index_status.c.completed_at),
+            last_error_code=case((can_complete, null()), else_=index_status.c.last_error_code),
+            last_incremental_success_at=stamp,
+            updated_at=stamp,
+        )
+    )
+    return result.rowcount > 0
+
+
+def record_incremental_failure(
+    connection: Connection,
+    collection_id: str,
+    slug: str,
+    content_id: str,
+    work_version: int,
+    error_code: str,
+) -> bool:
+    """Publish a terminal work failure on the coverage row, only while that exact work
+    version is still the failed one: newer work for the entry makes the failure obsolete."""
+    code = validate_error_code(error_code, "Media usage incremental failure code")
+    reconciliation = reconciliations.alias("reconciliation")
+    automatic_run_owns_coverage = exists(
+        select(literal(1))
+        .select_from(reconciliation)
+        .where(
+            reconciliation.c.collection_id == collection_id,
+            reconciliation.c.run_token == index_status.c.cursor,
+        )
+    )
+    status_ = index_status.c.status
+    untrusting = or_(index_status.c.reconciliation_required == 0, status_ == "running")
+    failed_work = work.alias("failed_work")
+    result = connection.execute(
+        update(index_status)
+        .where(
+            _row(collection_id, slug),
+            exists(
+                select(literal(1))
+                .select_from(failed_work)
+                .where(
+                    failed_work.c.collection_id == collection_id,
+                    failed_work.c.content_id == content_id,
+                    failed_work.c.work_version == work_version,
+                    failed_work.c.state == "failed",
+                    failed_work.c.last_error_code == code,
+                )
+            ),
+            registry_identity_is_current(collection_id, slug),
+        )
+        .values(
+            status=case(
+                (automatic_run_owns_coverage, status_),
+                (index_status.c.reconciliation_required == 0, "partial"),
+                (status_ == "running", "stale"),
+                else_=status_,
+            ),
+            completed_at=case(
+                (automatic_run_owns_coverage, index_status.c.completed_at),
+                (untrusting, null()),
+                else_=index_status.c.completed_at,
+            ),
+            cursor=case(
+                (automatic_run_owns_coverage, index_status.c.cursor),
+                (status_ == "running", null()),
+                else_=index_status.c.cursor,
+            ),
+            last_error_code=code,
+            updated_at=now(),
+        )
+    )
+    return result.rowcount > 0

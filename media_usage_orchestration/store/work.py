@@ -511,8 +511,9 @@ def _due_at(table: FromClause):
     return case((table.c.state == _LEASED, table.c.lease_expires_at), else_=table.c.next_attempt_at)
 
 
-def _batch_candidates(limit: int, lock: bool) -> FromClause:
-    """Up to `limit` claimable rows in due order, each numbered 1..n by that order."""
+def _batch_candidates(limit: int, lock: bool, collection_id: str | None = None) -> FromClause:
+    """Up to `limit` claimable rows (of one collection, if given) in due order, each
+    numbered 1..n by that order."""
     due = work.alias("due_work")
     locked = (
         select(
@@ -526,6 +527,8 @@ def _batch_candidates(limit: int, lock: bool) -> FromClause:
         .order_by(_due_at(due), due.c.updated_at, due.c.collection_id, due.c.content_id)
         .limit(limit)
     )
+    if collection_id is not None:
+        locked = locked.where(due.c.collection_id == collection_id)
     if lock:
         # Concurrent batch claimers on PostgreSQL take disjoint rows instead of queueing on
         # (and then losing) the same ones.
@@ -935,7 +938,9 @@ class WorkRepository:
             row = connection.execute(statement).first()
         return _record(row._mapping) if row else None
 
-    def claim_due_batch(self, limit: int, lease_seconds: int) -> list[WorkRecord]:
+    def claim_due_batch(
+        self, limit: int, lease_seconds: int, collection_id: str | None = None
+    ) -> list[WorkRecord]:
         """Lease up to `limit` due rows in one UPDATE, each under its own fresh ULID token.
 
         Not in the seed, which claims one row at a time. The candidate subquery picks due rows
@@ -946,13 +951,16 @@ class WorkRepository:
         the row it writes: a row that someone else claimed or re-enqueued meanwhile is neither
         written nor returned. On PostgreSQL the candidates are locked `FOR UPDATE SKIP LOCKED`,
         so concurrent batches take disjoint rows. Records come back in due order; each is then
-        completed, retried, failed or renewed under its own lease.
+        completed, retried, failed or renewed under its own lease. With `collection_id`, only
+        that collection's due rows are candidates.
         """
         limit = _due_limit(limit)
+        if collection_id is not None:
+            require_text(collection_id, "Media usage batch claim collection ID must not be empty")
         lease_seconds = _lease_seconds(lease_seconds)
         tokens = [str(ULID()) for _ in range(limit)]
         with self.engine.begin() as connection:
-            candidate = _batch_candidates(limit, lock=is_postgres(connection))
+            candidate = _batch_candidates(limit, is_postgres(connection), collection_id)
             token_for_rank = {rank: token for rank, token in enumerate(tokens, start=1)}
             statement = (
                 update(work)

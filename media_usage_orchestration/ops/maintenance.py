@@ -1,0 +1,46 @@
+"""The maintenance lane (EmDash's `*/2 * * * *`): settle reconciliations, seed candidates and
+keep the collection partitions equal to the registry."""
+
+import dagster as dg
+
+from ..partitions import media_usage_collections, partition_changes, registry_slugs
+from ..processing.reconciliation import settle_reconciliations
+from ..resources.database import MediaUsageDatabase
+from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+
+
+@dg.op(
+    out=dg.Out(dg.Nothing),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Delete obsolete reconciliations, settle failed ones (publish the failure or "
+    "reset on a newer epoch, heal stuck ones) and seed candidates.",
+)
+def settle_and_seed_reconciliations(context: dg.OpExecutionContext, database: MediaUsageDatabase):
+    with retry_transient_errors_only():
+        result = settle_reconciliations(database.engine)
+    if result.inactive:
+        context.log.info("capture is not active: nothing to settle")
+    yield dg.Output(None, metadata={"inactive": result.inactive, **dict(result.counts)})
+
+
+@dg.op(
+    out=dg.Out(dg.Nothing),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Add a partition for every registry collection and remove those of deleted ones.",
+)
+def sync_collection_partitions(context: dg.OpExecutionContext, database: MediaUsageDatabase):
+    with retry_transient_errors_only():
+        slugs = registry_slugs(database.engine)
+    added, removed = partition_changes(context.instance, slugs)
+    if added:
+        context.instance.add_dynamic_partitions(media_usage_collections.name, added)
+    for slug in removed:
+        context.instance.delete_dynamic_partition(media_usage_collections.name, slug)
+    yield dg.Output(
+        None,
+        metadata={
+            "added": ", ".join(added) or "-",
+            "removed": ", ".join(removed) or "-",
+            "collections": len(slugs),
+        },
+    )

@@ -1,0 +1,306 @@
+"""Reconciliation ops: claim, prepare, scan pages, drain work, source pages, finalize.
+
+Each op is one lease-guarded step of EmDash's reconciliation (spec 6.3) for the partition's
+collection. Paging ops loop pages while the lease is live, renewing it between pages, until
+their budget is spent; then they hand the row back due at once (`budget_exhausted`) and the
+sensor starts the next run from the checkpoint. An op that must wait releases with the seed's
+30 s delay and yields no claim, so the rest of the run is skipped and the run succeeds.
+"""
+
+import time
+from dataclasses import dataclass
+
+import dagster as dg
+from pydantic import Field
+from sqlalchemy import Engine, select
+
+from ..processing import reconciliation as processing
+from ..processing.reconciliation import ReconciliationOutcome, ScanOutcome, StepResult
+from ..processing.work import process_due_batch
+from ..resources.database import MediaUsageDatabase
+from ..store.engine import read_transaction
+from ..store.identifiers import validate_identifier
+from ..store.reconciliations import ReconciliationClaim, WorkBarrierState
+from ..store.schema import collections
+from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from .leased import (
+    StepReport,
+    StepStopped,
+    emit,
+    is_reexecution,
+    leased_outs,
+    run_leased_step,
+)
+
+
+@dataclass(frozen=True)
+class ReconciliationWorkflow:
+    name: str = "reconciliation"
+    lost_errors: tuple[type[BaseException], ...] = ()
+
+    def renew(self, engine: Engine, claim: ReconciliationClaim) -> ReconciliationClaim | None:
+        return processing.renew(engine, claim)
+
+    def reclaim(
+        self, engine: Engine, claim: ReconciliationClaim, *, reopen: bool
+    ) -> ReconciliationClaim | None:
+        attempt = processing.claim_collection(engine, claim.collection_id, reopen=reopen)
+        return attempt.claim if attempt.outcome is ReconciliationOutcome.ADVANCED else None
+
+    def release(self, engine: Engine, claim: ReconciliationClaim, delay_seconds: int) -> bool:
+        return processing.release(engine, claim, delay_seconds)
+
+    def record_failure(
+        self, engine: Engine, claim: ReconciliationClaim, error: BaseException
+    ) -> str:
+        return processing.record_step_failure(engine, claim).value
+
+
+WORKFLOW = ReconciliationWorkflow()
+
+
+class ClaimReconciliationConfig(dg.Config):
+    force: bool = Field(
+        default=False,
+        description="Reconcile even when coverage is complete (requests a full reconciliation).",
+    )
+
+
+class PageBudget(dg.Config):
+    max_pages: int = Field(default=100_000, ge=1, description="Pages of 50 per op.")
+    max_seconds: float = Field(default=600.0, gt=0, le=3600, description="Time budget per op.")
+
+
+class DrainBudget(dg.Config):
+    batch_size: int = Field(default=50, ge=1, le=100, description="Work items claimed per batch.")
+    max_seconds: float = Field(default=600.0, gt=0, le=3600, description="Time budget per op.")
+
+
+class _Budget:
+    def __init__(self, max_steps: int, max_seconds: float) -> None:
+        self.max_steps, self.deadline, self.steps = max_steps, time.monotonic() + max_seconds, 0
+
+    def spend(self) -> bool:
+        self.steps += 1
+        return self.steps <= self.max_steps and time.monotonic() < self.deadline
+
+
+def collection_id_for(engine: Engine, slug: str) -> str | None:
+    validate_identifier(slug, "collection slug")
+    with read_transaction(engine) as connection:
+        return connection.execute(
+            select(collections.c.id).where(collections.c.slug == slug)
+        ).scalar_one_or_none()
+
+
+# --- claim ----------------------------------------------------------------------------------
+
+
+@dg.op(
+    out=leased_outs(ReconciliationClaim),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Claim the partition's reconciliation (60 s lease), seeding it when the "
+    "collection needs one; with force, request a full reconciliation of complete coverage.",
+)
+def claim_reconciliation(
+    context: dg.OpExecutionContext,
+    config: ClaimReconciliationConfig,
+    database: MediaUsageDatabase,
+):
+    slug = context.partition_key
+    engine = database.engine
+    with retry_transient_errors_only():
+        collection_id = collection_id_for(engine, slug)
+        if collection_id is None:
+            yield from emit(context, StepReport("not_found", None, {"collection": slug}))
+            return
+        attempt = processing.claim_collection(
+            engine, collection_id, force=config.force, reopen=is_reexecution(context)
+        )
+    metadata = {"collection": slug, "collection_id": collection_id, "reason": attempt.reason}
+    claimed = attempt.outcome is ReconciliationOutcome.ADVANCED
+    outcome = "claimed" if claimed else attempt.outcome.value
+    yield from emit(context, StepReport(outcome, attempt.claim if claimed else None, metadata))
+
+
+# --- prepare --------------------------------------------------------------------------------
+
+
+def _advanced(step: StepResult, what: str, **metadata) -> StepReport:
+    if step.outcome is ReconciliationOutcome.ADVANCED and step.claim is not None:
+        return StepReport(what, step.claim, metadata)
+    raise StepStopped(step.outcome.value, **metadata)
+
+
+@dg.op(
+    ins={"lease": dg.In(ReconciliationClaim)},
+    out=leased_outs(ReconciliationClaim),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Begin the run (or restart it when the epoch or the media fields moved).",
+)
+def prepare_run(
+    context: dg.OpExecutionContext, lease: ReconciliationClaim, database: MediaUsageDatabase
+):
+    engine = database.engine
+
+    def step(claim: ReconciliationClaim) -> StepReport:
+        prepared = processing.prepare_run(engine, claim)
+        return _advanced(prepared, "prepared", restarted=prepared.restarted)
+
+    yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+
+
+# --- scan pages -----------------------------------------------------------------------------
+
+
+@dg.op(
+    ins={"lease": dg.In(ReconciliationClaim)},
+    out=leased_outs(ReconciliationClaim),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Enqueue work for every content id up to the captured upper bound, 50 per "
+    "page, checkpointing each page and renewing the lease between pages.",
+)
+def scan_pages(
+    context: dg.OpExecutionContext,
+    lease: ReconciliationClaim,
+    config: PageBudget,
+    database: MediaUsageDatabase,
+):
+    engine = database.engine
+
+    def step(claim: ReconciliationClaim) -> StepReport:
+        budget, pages, restarts = _Budget(config.max_pages, config.max_seconds), 0, 0
+        while budget.spend():
+            scanned = processing.scan_page(engine, claim)
+            if scanned is ScanOutcome.EXHAUSTED:
+                return StepReport("exhausted", claim, {"pages": pages, "restarts": restarts})
+            if scanned is ScanOutcome.DEFERRED:
+                raise StepStopped("deferred", pages=pages)
+            if scanned is ScanOutcome.RESTART_REQUIRED:
+                restarts += 1
+                claim = _advanced(processing.restart(engine, claim), "restarted").lease
+            else:
+                pages += 1
+            claim = _renewed(engine, claim, pages=pages)
+        _pause(engine, claim, pages=pages)
+
+    yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+
+
+def _renewed(engine: Engine, claim: ReconciliationClaim, **metadata) -> ReconciliationClaim:
+    renewed = processing.renew(engine, claim)
+    if renewed is None:
+        raise StepStopped("claim_lost", **metadata)
+    return renewed
+
+
+def _pause(engine: Engine, claim: ReconciliationClaim, **metadata) -> None:
+    """Budget spent: hand the row back due at once so the next run continues from here."""
+    processing.release(engine, claim, processing.CONTINUE_DELAY_SECONDS)
+    raise StepStopped("budget_exhausted", **metadata)
+
+
+# --- drain this collection's work -----------------------------------------------------------
+
+
+@dg.op(
+    ins={"lease": dg.In(ReconciliationClaim)},
+    out=leased_outs(ReconciliationClaim),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Process this collection's due work so the work barrier clears within the run.",
+)
+def drain_collection_work(
+    context: dg.OpExecutionContext,
+    lease: ReconciliationClaim,
+    config: DrainBudget,
+    database: MediaUsageDatabase,
+):
+    engine = database.engine
+
+    def step(claim: ReconciliationClaim) -> StepReport:
+        budget, counts = _Budget(10**9, config.max_seconds), {"batches": 0, "completed": 0}
+        while processing.work_barrier(engine, claim).state is WorkBarrierState.PENDING:
+            if not budget.spend():
+                _pause(engine, claim, **counts)
+            batch = process_due_batch(engine, config.batch_size, collection_id=claim.collection_id)
+            counts["batches"] += 1
+            counts["completed"] += batch.completed_count
+            claim = _renewed(engine, claim, **counts)
+            if batch.claimed_count == 0:
+                break  # what remains is backing off or leased elsewhere: the barrier decides
+        return StepReport("drained", claim, counts)
+
+    yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+
+
+# --- sources --------------------------------------------------------------------------------
+
+
+@dg.op(
+    ins={"lease": dg.In(ReconciliationClaim)},
+    out=leased_outs(ReconciliationClaim),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Pass the work barrier into the sources phase, then enqueue work for canonical "
+    "sources whose content is gone, 50 per page.",
+)
+def scan_sources(
+    context: dg.OpExecutionContext,
+    lease: ReconciliationClaim,
+    config: PageBudget,
+    database: MediaUsageDatabase,
+):
+    engine = database.engine
+
+    def step(claim: ReconciliationClaim) -> StepReport:
+        entered = processing.enter_sources(engine, claim)
+        if entered.restarted:
+            _restart_later(engine, entered.claim)
+        claim = _advanced(entered, "entered").lease
+        budget, pages = _Budget(config.max_pages, config.max_seconds), 0
+        while budget.spend():
+            paged = processing.source_page(engine, claim)
+            if paged is ScanOutcome.EXHAUSTED:
+                return StepReport("exhausted", claim, {"pages": pages})
+            if paged is ScanOutcome.RESTART_REQUIRED:
+                _restart_later(engine, _advanced(processing.restart(engine, claim), "r").lease)
+            if paged is not ScanOutcome.ADVANCED:
+                raise StepStopped(paged.value, pages=pages)
+            pages += 1
+            claim = _renewed(engine, claim, pages=pages)
+        _pause(engine, claim, pages=pages)
+
+    yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+
+
+def _restart_later(engine: Engine, claim: ReconciliationClaim | None) -> None:
+    """The epoch or the fields moved after the scan: the run restarted from a fresh scan, which
+    an earlier op of the next run performs; hand the row back due at once."""
+    if claim is not None:
+        processing.release(engine, claim, processing.CONTINUE_DELAY_SECONDS)
+    raise StepStopped("restarted")
+
+
+# --- finalize -------------------------------------------------------------------------------
+
+
+@dg.op(
+    ins={"lease": dg.In(ReconciliationClaim)},
+    out=leased_outs(ReconciliationClaim),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Mark coverage complete (guarded by epoch, fingerprint, lease and an empty "
+    "work barrier) and delete the coordinator row.",
+)
+def finalize_coverage(
+    context: dg.OpExecutionContext, lease: ReconciliationClaim, database: MediaUsageDatabase
+):
+    engine = database.engine
+
+    def step(claim: ReconciliationClaim) -> StepReport:
+        finalized = processing.finalize(engine, claim)
+        if finalized.restarted:
+            _restart_later(engine, finalized.claim)
+        if finalized.outcome is ReconciliationOutcome.COMPLETED:
+            return StepReport("completed", None, {"collection": claim.collection_slug})
+        raise StepStopped(finalized.outcome.value)
+
+    yield from run_leased_step(context, WORKFLOW, engine, lease, step)

@@ -1,0 +1,25 @@
+"""The reconciliation job is partitioned by collection slug, kept in sync with the registry."""
+
+import dagster as dg
+from sqlalchemy import Engine, select
+
+from .store.engine import read_transaction
+from .store.schema import collections
+
+media_usage_collections = dg.DynamicPartitionsDefinition(name="media_usage_collections")
+
+
+def registry_slugs(engine: Engine) -> list[str]:
+    with read_transaction(engine) as connection:
+        return list(
+            connection.execute(select(collections.c.slug).order_by(collections.c.slug)).scalars()
+        )
+
+
+def partition_changes(
+    instance: dg.DagsterInstance, slugs: list[str]
+) -> tuple[list[str], list[str]]:
+    """(to add, to delete) so the partitions equal the registry's slugs."""
+    existing = set(instance.get_dynamic_partitions(media_usage_collections.name))
+    wanted = set(slugs)
+    return sorted(wanted - existing), sorted(existing - wanted)

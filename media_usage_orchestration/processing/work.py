@@ -1,0 +1,344 @@
+"""Durable per-entry media usage work (EmDash `work-processor.ts`), Dagster-free.
+
+A job is claimed by leasing its exact `work_version`, refreshed, then completed (deleted),
+retried with backoff, or failed. Every transition re-asserts (pk, work_version, lease_token,
+live lease) in its own statement, so a job re-enqueued during processing is never acknowledged
+(`superseded`: the row stays and is redelivered), and a job whose collection was deleted or
+replaced is discarded without projecting anything (`obsolete`).
+
+Three drivers share one post-claim step (`process_claimed`): EmDash's bounded tick
+(`process_due_work`), the inline path after a content write (`process_work_after_write`), and
+a batch path for jobs that claims several rows per statement (`process_due_batch`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sqlalchemy import Engine
+
+from ..media.projection import RefreshErrorCode, refresh_content_for_work
+from ..store import status as status_store
+from ..store.activation import read_activation
+from ..store.engine import read_transaction
+from ..store.sources import collection_identity_is_current
+from ..store.work import WorkRecord, WorkRepository
+
+CANDIDATES_PER_TICK = 4
+JOBS_PER_TICK = 1
+MAX_TICK_DURATION_SECONDS = 5.0
+LEASE_DURATION_SECONDS = 60
+MAX_ATTEMPTS = 5
+RETRY_BASE_SECONDS = 30
+RETRY_MAX_SECONDS = 15 * 60
+RETRY_JITTER_RATIO = 0.25
+ORDINARY_STATEMENTS_PER_JOB = 20
+
+SNAPSHOT_FAILED = "MEDIA_USAGE_SNAPSHOT_FAILED"
+GENERATION_CONFLICT = "MEDIA_USAGE_GENERATION_CONFLICT"
+RESOURCE_LIMIT = "MEDIA_USAGE_RESOURCE_LIMIT"
+PROCESSING_FAILED = "MEDIA_USAGE_PROCESSING_FAILED"
+
+_WORK_ERROR_CODES = {
+    RefreshErrorCode.DRAFT_REVISION_NOT_FOUND: SNAPSHOT_FAILED,
+    RefreshErrorCode.DRAFT_REVISION_MISMATCH: SNAPSHOT_FAILED,
+    RefreshErrorCode.DRAFT_REVISION_INVALID: SNAPSHOT_FAILED,
+    RefreshErrorCode.GENERATION_CONFLICT: GENERATION_CONFLICT,
+    RefreshErrorCode.RESOURCE_LIMIT: RESOURCE_LIMIT,
+}
+
+
+class WorkOutcome(StrEnum):
+    INACTIVE = "inactive"
+    NOT_DUE = "not_due"
+    CLAIM_LOST = "claim_lost"
+    COMPLETED = "completed"
+    RETRY = "retry"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+    OBSOLETE = "obsolete"
+
+    @property
+    def claimed(self) -> bool:
+        return self in _CLAIMED_OUTCOMES
+
+
+_CLAIMED_OUTCOMES = frozenset(
+    {
+        WorkOutcome.COMPLETED,
+        WorkOutcome.RETRY,
+        WorkOutcome.FAILED,
+        WorkOutcome.SUPERSEDED,
+        WorkOutcome.OBSOLETE,
+    }
+)
+
+
+@dataclass(frozen=True)
+class OutcomeCounts:
+    claimed_count: int = 0
+    completed_count: int = 0
+    retry_count: int = 0
+    failed_count: int = 0
+    superseded_count: int = 0
+    obsolete_count: int = 0
+    claim_lost_count: int = 0
+
+    @classmethod
+    def of(cls, outcomes: Iterable[WorkOutcome]) -> OutcomeCounts:
+        tally = Counter(outcomes)
+        return cls(
+            claimed_count=sum(n for outcome, n in tally.items() if outcome.claimed),
+            completed_count=tally[WorkOutcome.COMPLETED],
+            retry_count=tally[WorkOutcome.RETRY],
+            failed_count=tally[WorkOutcome.FAILED],
+            superseded_count=tally[WorkOutcome.SUPERSEDED],
+            obsolete_count=tally[WorkOutcome.OBSOLETE],
+            claim_lost_count=tally[WorkOutcome.CLAIM_LOST],
+        )
+
+
+@dataclass(frozen=True)
+class WorkTickResult:
+    """One EmDash tick: inspect up to 4 due jobs, process until 1 is claimed or 5 s pass."""
+
+    candidate_count: int = 0
+    claimed_count: int = 0
+    completed_count: int = 0
+    retry_count: int = 0
+    failed_count: int = 0
+    superseded_count: int = 0
+    obsolete_count: int = 0
+    duration_ms: int = 0
+    admission_closed: bool = False
+
+
+@dataclass(frozen=True)
+class WorkBatchResult:
+    """One batch: the rows claimed in one statement and what became of each."""
+
+    inactive: bool = False
+    claimed_count: int = 0
+    completed_count: int = 0
+    retry_count: int = 0
+    failed_count: int = 0
+    superseded_count: int = 0
+    obsolete_count: int = 0
+    claim_lost_count: int = 0
+    duration_ms: int = 0
+
+
+# --- policy -----------------------------------------------------------------------------------
+
+
+def retry_delay_seconds(attempt_count: int, rng=random) -> int:
+    """Exponential backoff with up to 25 % jitter, capped at 15 minutes; `attempt_count` is
+    the count before this failure (0 -> 30..37 s, 1 -> 60..74 s, ...)."""
+    exponential = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2**attempt_count)
+    jitter = int(exponential * RETRY_JITTER_RATIO * rng.random())
+    return min(RETRY_MAX_SECONDS, exponential + jitter)
+
+
+def work_error_code(refresh_code: RefreshErrorCode | str | None) -> str:
+    return _WORK_ERROR_CODES.get(refresh_code, PROCESSING_FAILED)
+
+
+def is_terminal(error_code: str, attempt_count: int) -> bool:
+    """A resource limit will not shrink by retrying; anything else gets five attempts."""
+    return error_code == RESOURCE_LIMIT or attempt_count + 1 >= MAX_ATTEMPTS
+
+
+def capture_is_active(engine: Engine) -> bool:
+    with read_transaction(engine) as connection:
+        row = read_activation(connection)
+    return row is not None and row.state == "active"
+
+
+# --- one job ----------------------------------------------------------------------------------
+
+
+def process_candidate(engine: Engine, candidate: WorkRecord) -> WorkOutcome:
+    """Claim this exact version of the job, then process it."""
+    claimed = WorkRepository(engine).claim_work(
+        candidate.collection_id,
+        candidate.content_id,
+        candidate.work_version,
+        LEASE_DURATION_SECONDS,
+    )
+    if claimed is None or claimed.lease is None:
+        return WorkOutcome.CLAIM_LOST
+    return process_claimed(engine, claimed)
+
+
+def process_claimed(engine: Engine, claimed: WorkRecord, rng=random) -> WorkOutcome:
+    """Everything after a successful claim; each write carries this claim's own lease."""
+    repository = WorkRepository(engine)
+    lease = claimed.lease
+    if lease is None:
+        raise ValueError("Only a leased work record can be processed")
+    if not _identity_is_current(engine, claimed):
+        return _discard(repository, claimed)
+    refresh = refresh_content_for_work(
+        engine, claimed.collection_id, claimed.collection_slug, claimed.content_id
+    )
+    if refresh.success:
+        if not repository.complete_work(lease):
+            return WorkOutcome.SUPERSEDED
+        with engine.begin() as connection:
+            status_store.record_incremental_success(
+                connection, claimed.collection_id, claimed.collection_slug
+            )
+        return WorkOutcome.COMPLETED
+    if not _identity_is_current(engine, claimed):
+        return _discard(repository, claimed)
+    return _record_failure(engine, repository, claimed, work_error_code(refresh.error_code), rng)
+
+
+def _identity_is_current(engine: Engine, claimed: WorkRecord) -> bool:
+    return collection_identity_is_current(engine, claimed.collection_id, claimed.collection_slug)
+
+
+def _discard(repository: WorkRepository, claimed: WorkRecord) -> WorkOutcome:
+    """The collection was deleted or replaced: the job is acknowledged without projecting."""
+    if repository.complete_work(claimed.lease):
+        return WorkOutcome.OBSOLETE
+    return WorkOutcome.SUPERSEDED
+
+
+def _record_failure(
+    engine: Engine, repository: WorkRepository, claimed: WorkRecord, error_code: str, rng
+) -> WorkOutcome:
+    lease = claimed.lease
+    if not is_terminal(error_code, claimed.attempt_count):
+        delay = retry_delay_seconds(claimed.attempt_count, rng)
+        if repository.retry_work(lease, delay, error_code):
+            return WorkOutcome.RETRY
+        return WorkOutcome.SUPERSEDED
+    if not repository.fail_work(lease, error_code):
+        return WorkOutcome.SUPERSEDED
+    with engine.begin() as connection:
+        status_store.record_incremental_failure(
+            connection,
+            claimed.collection_id,
+            claimed.collection_slug,
+            claimed.content_id,
+            claimed.work_version,
+            error_code,
+        )
+    return WorkOutcome.FAILED
+
+
+# --- drivers ----------------------------------------------------------------------------------
+
+
+def process_work_after_write(engine: Engine, collection_slug: str, content_id: str) -> WorkOutcome:
+    """The inline path after a content write: the trigger made the job due immediately."""
+    if not capture_is_active(engine):
+        return WorkOutcome.INACTIVE
+    work = WorkRepository(engine).find_work_for_content(collection_slug, content_id)
+    if work is None:
+        return WorkOutcome.NOT_DUE
+    return process_candidate(engine, work)
+
+
+def process_due_work(engine: Engine, clock: Callable[[], float] = time.monotonic) -> WorkTickResult:
+    """EmDash's tick. The wall clock only bounds how long this tick keeps admitting jobs."""
+    started = clock()
+    if not capture_is_active(engine):
+        return WorkTickResult(duration_ms=_elapsed_ms(clock, started))
+    candidates = WorkRepository(engine).find_due_work(CANDIDATES_PER_TICK)
+    outcomes: list[WorkOutcome] = []
+    admission_closed = False
+    for candidate in candidates:
+        claimed = sum(1 for outcome in outcomes if outcome.claimed)
+        if claimed >= JOBS_PER_TICK or clock() - started >= MAX_TICK_DURATION_SECONDS:
+            admission_closed = True
+            break
+        outcomes.append(process_candidate(engine, candidate))
+    counts = OutcomeCounts.of(outcomes)
+    return WorkTickResult(
+        candidate_count=len(candidates),
+        claimed_count=counts.claimed_count,
+        completed_count=counts.completed_count,
+        retry_count=counts.retry_count,
+        failed_count=counts.failed_count,
+        superseded_count=counts.superseded_count,
+        obsolete_count=counts.obsolete_count,
+        duration_ms=_elapsed_ms(clock, started),
+        admission_closed=admission_closed,
+    )
+
+
+def process_due_batch(
+    engine: Engine,
+    batch_size: int,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
+    collection_id: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> WorkBatchResult:
+    """Claim up to `batch_size` due jobs in one statement (optionally of one collection) and
+    process each under its own lease, in due order.
+
+    Leases were all taken at claim time, so before a job whose lease may be past half its
+    life the lease is renewed (a guarded CAS); a job whose renewal fails is no longer ours and
+    is left alone (`claim_lost`).
+    """
+    started = clock()
+    if not capture_is_active(engine):
+        return WorkBatchResult(inactive=True, duration_ms=_elapsed_ms(clock, started))
+    repository = WorkRepository(engine)
+    claimed = repository.claim_due_batch(batch_size, lease_seconds, collection_id)
+    claimed_at = clock()
+    outcomes = []
+    for record in claimed:
+        aged = clock() - claimed_at >= lease_seconds / 2
+        if aged and not _renew(repository, record, lease_seconds):
+            outcomes.append(WorkOutcome.CLAIM_LOST)
+        else:
+            outcomes.append(process_claimed(engine, record))
+    counts = OutcomeCounts.of(outcomes)
+    return WorkBatchResult(
+        claimed_count=len(claimed),
+        completed_count=counts.completed_count,
+        retry_count=counts.retry_count,
+        failed_count=counts.failed_count,
+        superseded_count=counts.superseded_count,
+        obsolete_count=counts.obsolete_count,
+        claim_lost_count=counts.claim_lost_count,
+        duration_ms=_elapsed_ms(clock, started),
+    )
+
+
+def _renew(repository: WorkRepository, record: WorkRecord, lease_seconds: int) -> bool:
+    return repository.renew_lease(record.lease, lease_seconds) is not None
+
+
+def _elapsed_ms(clock: Callable[[], float], started: float) -> int:
+    return int((clock() - started) * 1000)
+
+
+__all__ = [
+    "CANDIDATES_PER_TICK",
+    "JOBS_PER_TICK",
+    "LEASE_DURATION_SECONDS",
+    "MAX_ATTEMPTS",
+    "ORDINARY_STATEMENTS_PER_JOB",
+    "OutcomeCounts",
+    "WorkBatchResult",
+    "WorkOutcome",
+    "WorkTickResult",
+    "capture_is_active",
+    "is_terminal",
+    "process_candidate",
+    "process_claimed",
+    "process_due_batch",
+    "process_due_work",
+    "process_work_after_write",
+    "retry_delay_seconds",
+    "work_error_code",
+]

@@ -1,0 +1,195 @@
+"""Shared states for the work processor, projection and verify tests: an active, trusted,
+captured collection (EmDash's `createActiveFixture`), entries and index lookups."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Engine, func, select, text
+
+from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec, SubField
+from media_usage_orchestration.media.sources import source_key
+from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.sources import SourceRepository, SourceRow
+from tests.support import IMAGE_ONLY, count, one, set_activation, set_status
+
+ADMISSION_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("title", "string"),
+    FieldSpec("body", "portableText"),
+    FieldSpec("sections", "repeater", sub_fields=(SubField("image", "image"),)),
+)
+NON_STATEMENTS = ("BEGIN", "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
+
+
+def active_collection(
+    engine: Engine, slug: str, fields: Sequence[FieldSpec] = IMAGE_ONLY
+) -> Collection:
+    """Capture active, the collection captured by triggers, and coverage trusted `complete`."""
+    set_activation(engine, "active")
+    collection = CmsWriter(engine).create_collection(slug, fields)
+    set_status(
+        engine,
+        slug,
+        status="complete",
+        completed_at="2026-08-01T00:00:00.000Z",
+        reconciliation_required=0,
+    )
+    return collection
+
+
+def image(media_id: str) -> dict[str, str]:
+    return {"id": media_id, "provider": "local", "mimeType": "image/webp"}
+
+
+def insert_entry(engine: Engine, slug: str, content_id: str, media_id: str = "media-1") -> None:
+    CmsWriter(engine).insert_entry(
+        slug,
+        {
+            "id": content_id,
+            "slug": content_id,
+            "status": "published",
+            "title": content_id,
+            "hero": image(media_id),
+        },
+    )
+
+
+def measurement_data(count_: int, prefix: str) -> dict[str, list[dict[str, Any]]]:
+    """EmDash's `mediaUsageMeasurementData`: `count_` references split between portable text
+    images and repeater images."""
+    body = [
+        {"_type": "image", "_key": f"body-{index}", "asset": {"_ref": f"{prefix}-body-{index}"}}
+        for index in range((count_ + 1) // 2)
+    ]
+    sections = [
+        {"_key": f"section-{index}", "image": image(f"{prefix}-section-{index}")}
+        for index in range(count_ // 2)
+    ]
+    return {"body": body, "sections": sections}
+
+
+def insert_measured_entry(
+    engine: Engine, slug: str, content_id: str, occurrences: int, title: str | None = None
+) -> None:
+    CmsWriter(engine).insert_entry(
+        slug,
+        {
+            "id": content_id,
+            "slug": content_id,
+            "status": "published",
+            "title": title if title is not None else content_id,
+            **measurement_data(occurrences, content_id),
+        },
+    )
+
+
+def add_measured_draft(
+    engine: Engine, collection: Collection, content_id: str, data: dict[str, Any]
+) -> str:
+    """A `revisions` row named `revision-<id>` and the entry pointing at it (a captured write)."""
+    revision_id = f"revision-{content_id}"
+    with engine.begin() as connection:
+        connection.execute(
+            schema.revisions.insert().values(
+                id=revision_id,
+                collection=collection.slug,
+                entry_id=content_id,
+                data=json.dumps(data, separators=(",", ":")),
+            )
+        )
+        connection.execute(
+            text(f"UPDATE {collection.table} SET draft_revision_id = :revision WHERE id = :id"),
+            {"revision": revision_id, "id": content_id},
+        )
+    return revision_id
+
+
+def canonical_key(collection: Collection, content_id: str, variant: str = "columns") -> str:
+    return source_key(collection.id, content_id, variant)
+
+
+def find_source(engine: Engine, key: str) -> SourceRow | None:
+    return SourceRepository(engine).find_source(key)
+
+
+def current_occurrence_count(engine: Engine, key: str) -> int:
+    source = find_source(engine, key)
+    if source is None:
+        return 0
+    return count(engine, schema.occurrences, source_key=key, generation=source.current_generation)
+
+
+def occurrence_count(engine: Engine, key: str) -> int:
+    return count(engine, schema.occurrences, source_key=key)
+
+
+def work_count(engine: Engine) -> int:
+    return count(engine, schema.work)
+
+
+def work_for(engine: Engine, content_id: str) -> dict[str, Any] | None:
+    return one(engine, schema.work, content_id=content_id)
+
+
+def coverage(engine: Engine, collection: Collection) -> dict[str, Any]:
+    row = one(engine, schema.index_status, collection_id=collection.id)
+    assert row is not None
+    return row
+
+
+def sql_statements(statements: Sequence[str]) -> list[str]:
+    """Recorded statements minus transaction control (not queries in EmDash's count)."""
+    return [each for each in statements if each.strip().upper() not in NON_STATEMENTS]
+
+
+def row_trigger(db, name: str, table: str, body: str, when: str | None = None) -> None:
+    """An AFTER INSERT row trigger running `body` (may use NEW.<column>): a concurrent writer
+    acting between two statements of the code under test."""
+    with db.engine.begin() as connection:
+        if db.is_postgres:
+            guard = f"IF {when} THEN {body}; END IF;" if when else f"{body};"
+            connection.execute(
+                text(
+                    f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+                    f"$body$ BEGIN {guard} RETURN NEW; END $body$"
+                )
+            )
+            connection.execute(
+                text(
+                    f"CREATE TRIGGER {name} AFTER INSERT ON {table} "
+                    f"FOR EACH ROW EXECUTE FUNCTION {name}()"
+                )
+            )
+        else:
+            condition = f"WHEN {when} " if when else ""
+            connection.execute(
+                text(
+                    f"CREATE TRIGGER {name} AFTER INSERT ON {table} FOR EACH ROW "
+                    f"{condition}BEGIN {body}; END"
+                )
+            )
+
+
+def drop_row_trigger(db, name: str, table: str) -> None:
+    with db.engine.begin() as connection:
+        if db.is_postgres:
+            connection.execute(text(f"DROP TRIGGER {name} ON {table}"))
+            connection.execute(text(f"DROP FUNCTION {name}()"))
+        else:
+            connection.execute(text(f"DROP TRIGGER {name}"))
+
+
+def supersede_work_sql(content_id: str) -> str:
+    """A re-enqueue of the entry's work (EmDash's projection supersession trigger)."""
+    return (
+        "UPDATE _emdash_media_usage_work SET work_version = work_version + 1, "
+        "state = 'pending', lease_token = NULL, lease_expires_at = NULL, "
+        f"next_attempt_at = updated_at WHERE content_id = '{content_id}'"
+    )
+
+
+def total_rows(engine: Engine, table) -> int:
+    with engine.connect() as connection:
+        return connection.execute(select(func.count()).select_from(table)).scalar_one()
