@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -29,6 +30,7 @@ def _engine(url: str | None) -> Engine:
 @click.group()
 def main() -> None:
     """Keep an EmDash database's media usage index true and delete collections safely."""
+    warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
 
 @main.command()
@@ -54,7 +56,8 @@ def status(database_url: str | None) -> None:
 @main.command()
 @click.option("--database-url", envvar="MEDIA_USAGE_DATABASE_URL", default=None)
 def demo(database_url: str | None) -> None:
-    """Create the demo database (3 collections of EmDash-shaped content) and show it."""
+    """Build the demo database (3 collections of EmDash-shaped content), then run the jobs:
+    activation, and the automatic lane until every collection's coverage is complete."""
     url = database_url or default_database_url()
     engine = _prepare_demo_database(url)
     writer = cms.CmsWriter(engine)
@@ -64,6 +67,40 @@ def demo(database_url: str | None) -> None:
         _add_drafts_and_trash(writer, slug, prefix, count)
     console.print(f"Demo database: [bold]{redacted_url(engine.url)}[/]")
     console.print(collections_table(engine))
+    _run_demo_jobs(url, engine)
+    console.print(collections_table(engine))
+    report = verify_index(engine)
+    console.print(f"verify: {'drift found' if report.has_drift else 'no drift'}")
+    if report.has_drift:
+        raise SystemExit(1)
+
+
+def _run_demo_jobs(url: str, engine: Engine) -> None:
+    import dagster as dg
+
+    from .definitions import defs
+    from .local_runner import quiet_run_config, run_lane
+    from .resources.automation import MediaUsageAutomation
+    from .resources.database import MediaUsageDatabase
+
+    resources = {"database": MediaUsageDatabase(url=url), "automation": MediaUsageAutomation()}
+    with dg.instance_for_test() as instance:
+        activation = defs.resolve_job_def("media_usage_activation").execute_in_process(
+            instance=instance, resources=resources, run_config=quiet_run_config()
+        )
+        console.print(
+            f"job media_usage_activation: {'success' if activation.success else 'failed'}"
+        )
+        runs = run_lane(instance, resources, log_level="WARNING")
+    table = Table(title="Runs requested by the sensors")
+    for header in ("job", "partition", "success", "outcome"):
+        table.add_column(header)
+    for run in runs:
+        if run.job_name != "partitions":
+            table.add_row(
+                run.job_name, run.partition_key or "-", str(run.success), run.outcome or "-"
+            )
+    console.print(table)
 
 
 def _prepare_demo_database(url: str) -> Engine:

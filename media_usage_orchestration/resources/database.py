@@ -33,8 +33,6 @@ class MediaUsageDatabase(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._engine = create_database_engine(self.resolved_url())
-        if context.log is not None:
-            context.log.debug(f"media usage database: {self.display_url}")
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._engine is not None:

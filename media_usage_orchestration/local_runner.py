@@ -1,0 +1,110 @@
+"""Run the automatic lane in this process: evaluate the sensors as the daemon would and execute
+every run they request, until nothing is requested.
+
+This is what the daemon does on a schedule; doing it in a loop serves the demo, the benchmark
+and the end-to-end tests. Runs are real Dagster runs in the given instance.
+"""
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+from .definitions import defs
+from .sensors import (
+    media_usage_collection_deletion_sensor,
+    media_usage_reconciliation_sensor,
+    media_usage_work_sensor,
+)
+
+LANE_SENSORS: tuple[dg.SensorDefinition, ...] = (
+    media_usage_collection_deletion_sensor,
+    media_usage_reconciliation_sensor,
+    media_usage_work_sensor,
+)
+
+
+@dataclass(frozen=True)
+class LaneRun:
+    job_name: str
+    partition_key: str | None
+    success: bool
+    outcome: str | None
+
+
+def evaluate_sensor(
+    sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: Mapping[str, Any]
+) -> dg.SensorResult | Any:
+    with (
+        dg.build_sensor_context(
+            instance=instance, resources=resources, definitions=defs
+        ) as context,
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        return sensor.evaluate_tick(context)
+
+
+def run_lane(
+    instance: dg.DagsterInstance,
+    resources: Mapping[str, Any],
+    *,
+    sensors: Sequence[dg.SensorDefinition] = LANE_SENSORS,
+    max_rounds: int = 1000,
+    log_level: str | None = None,
+) -> list[LaneRun]:
+    """Tick the sensors and execute their requests until a round requests nothing."""
+    runs: list[LaneRun] = []
+    for _ in range(max_rounds):
+        requested = False
+        for sensor in sensors:
+            for run in _tick(sensor, instance, resources, log_level):
+                requested = True
+                runs.append(run)
+        if not requested:
+            return runs
+    raise RuntimeError(f"The lane was still busy after {max_rounds} rounds")
+
+
+def quiet_run_config(run_config: Mapping[str, Any] | None = None, log_level: str = "WARNING"):
+    """`run_config` with the console logger raised to `log_level` (demo and benchmark output)."""
+    return {**(run_config or {}), "loggers": {"console": {"config": {"log_level": log_level}}}}
+
+
+def _tick(
+    sensor: dg.SensorDefinition,
+    instance: dg.DagsterInstance,
+    resources: Mapping[str, Any],
+    log_level: str | None,
+) -> Iterator[LaneRun]:
+    data = evaluate_sensor(sensor, instance, resources)
+    for request in data.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        yield LaneRun("partitions", None, True, "added")
+    job = defs.resolve_job_def(sensor.job_name)
+    for request in data.run_requests:
+        dg.validate_run_config(job, request.run_config)
+        run_config = (
+            quiet_run_config(request.run_config, log_level) if log_level else request.run_config
+        )
+        result = job.execute_in_process(
+            run_config=run_config,
+            instance=instance,
+            resources=resources,
+            tags=request.tags,
+            partition_key=request.partition_key,
+            raise_on_error=False,
+        )
+        yield LaneRun(job.name, request.partition_key, result.success, last_outcome(result))
+
+
+def last_outcome(result: dg.ExecuteInProcessResult) -> str | None:
+    """The outcome metadata of the last op that reported one."""
+    outcome = None
+    for event in result.all_node_events:
+        if event.event_type_value != "STEP_OUTPUT":
+            continue
+        data = event.event_specific_data
+        if "outcome" in data.metadata:
+            outcome = data.metadata["outcome"].value
+    return outcome
