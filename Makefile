@@ -20,8 +20,8 @@ test: $(STAMP)
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 dev: $(STAMP)
-	DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} ; mkdir -p $$DAGSTER_HOME ; \
-	DAGSTER_HOME=$$DAGSTER_HOME $(BIN)/dg dev --use-active-venv
+	mkdir -p $(CURDIR)/.dagster_home && touch $(CURDIR)/.dagster_home/dagster.yaml
+	. $(BIN)/activate && DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} dg dev --use-active-venv
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
