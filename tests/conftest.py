@@ -113,3 +113,29 @@ def db(empty_db) -> TestDatabase:
 def pytest_generate_tests(metafunc):
     if "database_url" in metafunc.fixturenames:
         metafunc.parametrize("database_url", DIALECTS, indirect=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Show how many database tests ran on each dialect, so a silently skipped PostgreSQL half
+    is visible in every run's output."""
+    counts: dict[tuple[str, str], int] = {}
+    for outcome in ("passed", "failed", "skipped", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(report, "nodeid", "")
+            if getattr(report, "when", "call") not in ("call", "setup"):
+                continue
+            if outcome == "passed" and report.when != "call":
+                continue
+            for dialect in DIALECTS:
+                if f"[{dialect}" in nodeid or f"-{dialect}]" in nodeid or f"-{dialect}-" in nodeid:
+                    counts[(dialect, outcome)] = counts.get((dialect, outcome), 0) + 1
+    if not counts:
+        return
+    terminalreporter.section("database tests per dialect")
+    for dialect in DIALECTS:
+        parts = [
+            f"{counts[(dialect, o)]} {o}"
+            for o in ("passed", "failed", "error", "skipped")
+            if (dialect, o) in counts
+        ]
+        terminalreporter.write_line(f"{dialect:>9}: {', '.join(parts) or 'none'}")
