@@ -23,6 +23,18 @@ dev: $(STAMP)
 	mkdir -p $(CURDIR)/.dagster_home && touch $(CURDIR)/.dagster_home/dagster.yaml
 	. $(BIN)/activate && DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} dg dev --use-active-venv
 
+BENCH_ENTRIES ?= 20000
+MEDIA_USAGE_BENCH_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
+
+# Reconciliation throughput from scratch: driver and Dagster runs, on SQLite and PostgreSQL.
+bench: $(STAMP)
+	$(BIN)/media-usage bench --entries $(BENCH_ENTRIES) --mode driver
+	$(BIN)/media-usage bench --entries $(BENCH_ENTRIES) --mode dagster
+	$(BIN)/media-usage bench --entries $(BENCH_ENTRIES) --mode driver \
+		--database-url '$(MEDIA_USAGE_BENCH_POSTGRES_URL)'
+	$(BIN)/media-usage bench --entries $(BENCH_ENTRIES) --mode dagster \
+		--database-url '$(MEDIA_USAGE_BENCH_POSTGRES_URL)'
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

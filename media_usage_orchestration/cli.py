@@ -13,6 +13,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import make_url
 
 from . import cms, sample_content
+from .bench import bench
 from .processing.verify import VerifyReport, verify_index
 from .store import schema
 from .store.engine import create_database_engine, default_database_url, redacted_url
@@ -31,6 +32,9 @@ def _engine(url: str | None) -> Engine:
 def main() -> None:
     """Keep an EmDash database's media usage index true and delete collections safely."""
     warnings.filterwarnings("ignore", category=Warning, module="dagster")
+
+
+main.add_command(bench)
 
 
 @main.command()

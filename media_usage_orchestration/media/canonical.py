@@ -8,6 +8,7 @@ surrogates), and ordering by UTF-16 code units.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -36,15 +37,18 @@ _SHORT_ESCAPES = {
 }
 
 
+class CanonicalText(str):
+    """A value already serialized by `canonical_json`, written back verbatim: a fingerprint
+    payload reuses the text of parts it serialized (or cached) before."""
+
+
 def canonical_json(value: Any) -> str:
     """EmDash's canonical JSON: sorted object keys, no whitespace, JS number and string output.
 
     `None` stands for both `null` and `undefined` (EmDash maps `undefined` to `null`);
     non-finite numbers become `null`, as `canonicalize` does before `JSON.stringify`.
     """
-    parts: list[str] = []
-    _write(value, parts)
-    return "".join(parts)
+    return _dump(value)
 
 
 def sha256_hex(text: str) -> str:
@@ -72,7 +76,7 @@ def utf16_key(text: str) -> bytes:
 
 def parse_json(text: str) -> Any:
     """`JSON.parse`: Python's parser, minus the `NaN`/`Infinity` literals JS rejects."""
-    return json.loads(text, parse_constant=_reject_constant)
+    return _DECODER.decode(text)
 
 
 def js_trim(text: str) -> str:
@@ -91,53 +95,64 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _write(value: Any, parts: list[str]) -> None:
+# `json.loads` with options builds a decoder per call; this one is shared (it keeps no state).
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _dump(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        return _js_string(value)
+    if kind is dict:
+        return _dump_object(value)
+    if kind is CanonicalText:
+        return value
     if value is None:
-        parts.append("null")
-    elif value is True:
-        parts.append("true")
-    elif value is False:
-        parts.append("false")
-    elif isinstance(value, str):
-        parts.append(_js_string(value))
-    elif isinstance(value, int | float):
-        parts.append(js_number(value))
-    elif isinstance(value, Mapping):
-        _write_object(value, parts)
-    elif isinstance(value, list | tuple):
-        _write_array(value, parts)
-    else:
-        raise TypeError(f"Cannot canonicalize {type(value).__name__}")
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return _js_string(value)
+    if isinstance(value, int | float):
+        return js_number(value)
+    if isinstance(value, Mapping):
+        return _dump_object(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join([_dump(item) for item in value]) + "]"
+    raise TypeError(f"Cannot canonicalize {type(value).__name__}")
 
 
-def _write_array(values: list | tuple, parts: list[str]) -> None:
-    parts.append("[")
-    for position, item in enumerate(values):
-        if position:
-            parts.append(",")
-        _write(item, parts)
-    parts.append("]")
+def _dump_object(value: Mapping) -> str:
+    members = []
+    for key, prefix in _member_prefixes(tuple(value)):
+        item = value[key]
+        # Fingerprint payloads are mostly flat text and nulls: spare those a call.
+        if type(item) is str:
+            members.append(prefix + _js_string(item))
+        elif item is None:
+            members.append(prefix + "null")
+        else:
+            members.append(prefix + _dump(item))
+    return "{" + ",".join(members) + "}"
 
 
-def _write_object(value: Mapping, parts: list[str]) -> None:
-    parts.append("{")
-    for position, key in enumerate(_object_key_order(value)):
-        if position:
-            parts.append(",")
-        parts.append(_js_string(key))
-        parts.append(":")
-        _write(value[key], parts)
-    parts.append("}")
+@functools.lru_cache(maxsize=1024)
+def _member_prefixes(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Each key with its `"key":` text, in output order. The order depends only on the keys,
+    and fingerprint payloads repeat a few key sets, so both are computed once per key set."""
+    return tuple((key, _js_string(key) + ":") for key in _object_key_order(keys))
 
 
-def _object_key_order(value: Mapping) -> list[str]:
+def _object_key_order(keys: tuple) -> list[str]:
     """Keys sorted by code units, then re-enumerated as a JS object does: EmDash rebuilds the
     object in sorted order, and `JSON.stringify` still lists array-index keys first."""
-    for key in value:
+    for key in keys:
         if not isinstance(key, str):
             raise TypeError(f"Object keys must be strings, not {type(key).__name__}")
-    indexes = sorted((key for key in value if _is_array_index(key)), key=int)
-    others = sorted((key for key in value if not _is_array_index(key)), key=utf16_key)
+    indexes = sorted((key for key in keys if _is_array_index(key)), key=int)
+    others = sorted((key for key in keys if not _is_array_index(key)), key=utf16_key)
     return indexes + others
 
 

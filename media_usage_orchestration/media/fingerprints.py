@@ -6,12 +6,13 @@ so the payload shapes, defaults and orderings below are EmDash's, key for key.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .canonical import canonical_json, sha256_hex, utf8_bytes, utf16_key
+from .canonical import CanonicalText, canonical_json, sha256_hex, utf8_bytes, utf16_key
 from .extraction import MediaOccurrence
 from .fields import ExtractionField, FieldDiscovery
 
@@ -60,9 +61,9 @@ def projection_fingerprint(
     payload = {
         "fingerprintVersion": FINGERPRINT_VERSION,
         "collectionId": collection_id,
-        "extractionSchema": extraction_schema(discovery.extraction_fields),
+        "extractionSchema": _extraction_schema_text(discovery.extraction_fields),
         "source": _source_payload(source, source_completeness),
-        "occurrences": _sorted_occurrence_payloads(occurrences),
+        "occurrences": _sorted_occurrence_texts(occurrences),
     }
     return _fingerprint(PROJECTION_FINGERPRINT_PREFIX, payload)
 
@@ -104,13 +105,18 @@ def _source_payload(source: ContentSource, source_completeness: str) -> dict[str
     }
 
 
-def _sorted_occurrence_payloads(occurrences: Iterable[MediaOccurrence]) -> list[dict[str, Any]]:
-    """Sorted by each occurrence's own canonical JSON, compared by code units."""
-    keyed = [
-        (canonical_json(payload), payload) for payload in map(_occurrence_payload, occurrences)
-    ]
-    keyed.sort(key=lambda pair: utf16_key(pair[0]))
-    return [payload for _, payload in keyed]
+@functools.lru_cache(maxsize=64)
+def _extraction_schema_text(fields: tuple[ExtractionField, ...]) -> CanonicalText:
+    """The schema part of every projection payload of a collection, serialized once."""
+    return CanonicalText(canonical_json(extraction_schema(fields)))
+
+
+def _sorted_occurrence_texts(occurrences: Iterable[MediaOccurrence]) -> list[CanonicalText]:
+    """Sorted by each occurrence's own canonical JSON, compared by code units; that text is
+    also what the payload holds, so it is serialized once."""
+    texts = [canonical_json(payload) for payload in map(_occurrence_payload, occurrences)]
+    texts.sort(key=utf16_key)
+    return [CanonicalText(text) for text in texts]
 
 
 def _occurrence_payload(occurrence: MediaOccurrence) -> dict[str, Any]:

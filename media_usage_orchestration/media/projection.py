@@ -10,14 +10,19 @@ units, 512 KiB), so one huge entry cannot monopolise a tick.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from sqlalchemy import Engine
 
 from ..store.engine import read_transaction
-from ..store.sources import SourceRepository, SourceRow, collection_identity_is_current
+from ..store.sources import (
+    DeletionMeasurement,
+    SourceRepository,
+    SourceRow,
+    collection_identity_is_current,
+)
 from .canonical import canonical_json, utf8_bytes
 from .snapshots import SnapshotError, SnapshotResult, load_content_snapshots
 from .sources import SOURCE_VARIANTS, ContentSource, source_key
@@ -147,12 +152,51 @@ def plan_projection_admission(
     budget: AdmissionBudget,
 ) -> AdmissionPlan:
     """Admit, defer or refuse one entry's whole refresh before anything is written."""
+
+    def measure(source: SourceRow) -> DeletionMeasurement:
+        return repository.measure_source_generation_deletion(
+            source.source_key, source.current_generation, MAX_OCCURRENCE_MUTATION_UNITS
+        )
+
+    def prove_unchanged() -> frozenset[str]:
+        return _unchanged_keys(repository, snapshots, observed)
+
+    return _plan_admission(snapshots, observed, canonical_keys, budget, measure, prove_unchanged)
+
+
+def admits_outright(
+    snapshots: Sequence[ContentSource],
+    observed: Mapping[str, SourceRow],
+    canonical_keys: Sequence[str],
+    measurements: Mapping[str, DeletionMeasurement],
+) -> bool:
+    """Whether a fresh claim admits this refresh in full, with every snapshot counted (no
+    unchanged projection proven away), the deletions measured as given. Anything else - a
+    refresh over the limits, one that fits only once unchanged snapshots are discounted - is
+    for `plan_projection_admission` to decide."""
+    plan = _plan_admission(
+        snapshots,
+        observed,
+        canonical_keys,
+        AdmissionBudget(),
+        lambda source: measurements[source.source_key],
+        frozenset,
+    )
+    return plan.admitted and not plan.no_op_source_keys
+
+
+def _plan_admission(
+    snapshots: Sequence[ContentSource],
+    observed: Mapping[str, SourceRow],
+    canonical_keys: Sequence[str],
+    budget: AdmissionBudget,
+    measure: Callable[[SourceRow], DeletionMeasurement],
+    prove_unchanged: Callable[[], frozenset[str]],
+) -> AdmissionPlan:
     absent = _absent_sources(snapshots, observed, canonical_keys)
     deletion = _Cost(0, 0)
     for source in absent:
-        measured = repository.measure_source_generation_deletion(
-            source.source_key, source.current_generation, MAX_OCCURRENCE_MUTATION_UNITS
-        )
+        measured = measure(source)
         if measured.exceeds_occurrence_limit:
             return _limit_outcome(budget)
         deletion = _Cost(
@@ -163,7 +207,7 @@ def plan_projection_admission(
     cost = _snapshot_cost(snapshots, no_op_keys, deletion)
     if cost.exceeds_limits():
         # Only when over the limit is it worth proving that a big projection is unchanged.
-        no_op_keys = _unchanged_keys(repository, snapshots, observed)
+        no_op_keys = prove_unchanged()
         cost = _snapshot_cost(snapshots, no_op_keys, deletion)
     if cost.exceeds_limits():
         return _limit_outcome(budget)
@@ -325,6 +369,7 @@ __all__ = [
     "AdmissionPlan",
     "RefreshErrorCode",
     "RefreshResult",
+    "admits_outright",
     "canonical_source_keys",
     "plan_projection_admission",
     "refresh_content_for_work",

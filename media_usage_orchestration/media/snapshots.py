@@ -8,7 +8,7 @@ reason none can be built.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, column, select, table
 
 from ..store.identifiers import content_table_name, validate_identifier
-from ..store.schema import collections, revisions
+from ..store.schema import collections, narrow, revisions
 from .fields import FieldDiscovery, load_fields
 from .sources import (
     ContentSource,
@@ -41,6 +41,7 @@ CONTENT_SYSTEM_COLUMNS = (
     "translation_group",
 )
 COLLECTION_ID_RESULT = "__emdash_media_usage_collection_id"
+_REGISTRY = narrow(collections, "id", "slug")
 
 
 class SnapshotError(StrEnum):
@@ -80,7 +81,7 @@ def content_rows_query(
     names = content_columns(discovery)
     content = table(content_table_name(collection_slug), *(column(name) for name in names))
     content = content.alias("content")
-    registry = collections.alias("collection")
+    registry = _REGISTRY.alias("collection")
     query = select(
         *(content.c[name] for name in names), registry.c.id.label(COLLECTION_ID_RESULT)
     ).select_from(
@@ -123,6 +124,21 @@ def load_revision(connection: Connection, revision_id: str) -> dict[str, Any] | 
     return dict(row._mapping) if row else None
 
 
+def load_revisions(
+    connection: Connection, revision_ids: Iterable[str]
+) -> dict[str, dict[str, Any]]:
+    """`load_revision` for many revisions in one read, keyed by id (missing ones absent)."""
+    wanted = sorted(set(revision_ids))
+    if not wanted:
+        return {}
+    rows = connection.execute(
+        select(
+            revisions.c.id, revisions.c.collection, revisions.c.entry_id, revisions.c.data
+        ).where(revisions.c.id.in_(wanted))
+    )
+    return {row.id: dict(row._mapping) for row in rows}
+
+
 def build_content_snapshots(
     collection_id: str,
     collection_slug: str,
@@ -159,4 +175,5 @@ __all__ = [
     "content_rows_query",
     "load_content_snapshots",
     "load_revision",
+    "load_revisions",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..store.identifiers import validate_identifier
@@ -72,9 +72,16 @@ class ContentSource:
     def row_values(self) -> dict[str, Any]:
         """The descriptive columns of `_emdash_media_usage_sources` (no generation, completeness,
         error or timestamps: the writer owns those)."""
-        values = asdict(self)
-        del values["occurrences"], values["projection_byte_length"]
-        return values
+        # Every column is a scalar: a shallow copy is what `asdict` would give, without
+        # deep-copying the occurrences it would then drop.
+        return {name: getattr(self, name) for name in _SOURCE_COLUMN_FIELDS}
+
+
+_SOURCE_COLUMN_FIELDS = tuple(
+    name
+    for name in ContentSource.__dataclass_fields__
+    if name not in ("occurrences", "projection_byte_length")
+)
 
 
 def is_source_variant(value: object) -> bool:

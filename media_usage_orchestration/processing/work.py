@@ -9,6 +9,39 @@ replaced is discarded without projecting anything (`obsolete`).
 Three drivers share one post-claim step (`process_claimed`): EmDash's bounded tick
 (`process_due_work`), the inline path after a content write (`process_work_after_write`), and
 a batch path for jobs that claims several rows per statement (`process_due_batch`).
+
+The batch path projects each collection's claimed jobs in bulk (`media/batch_refresh.py`):
+a fixed number of statements per batch - one read transaction, one write transaction, one
+completion statement, one coverage update - where one by one each job costs about 17. It is
+equivalent to running `process_claimed` for every job:
+
+- Same guards. Every row it writes carries, in the statement that writes it, the guard the
+  single-row statement has: a write lease granted only while the registry identity is current;
+  a source inserted only if still absent, or updated only while every observed column matches
+  (NULL-safely), each under its own live write lease, the current identity and its content row
+  still as snapshotted (version, `updated_at`, revision); a source deleted only while it is
+  still the observed row, the identity is current and, for an entry whose content is gone, the
+  content row stays absent; the registry row share-locked on PostgreSQL; a job completed only
+  by its own (pk, version, token) on a live lease. Rows are guarded independently, so each
+  lands or not exactly as it would alone.
+- Same outcomes. A job is completed in bulk only when everything its refresh would write
+  landed (or nothing needed writing): the state a successful `refresh_content_for_work` leaves.
+  A refused completion is `superseded`, and the collection records one incremental success
+  per batch, after its completions, as the last of one-by-one successes would. Jobs of a
+  collection that is not current are not touched in bulk at all.
+- The rest goes one by one, through `process_claimed` itself, so its retries, failures, error
+  codes and admission stay the only definition of those cases: a collection whose identity is
+  not current (`obsolete`), a snapshot error, a refresh that a fresh claim's admission does not
+  admit outright, an observed source that is not the entry's canonical row, a value the batch
+  would not bind as the single-row statement does, any write of the batch that did not land (a
+  lost guard, which one by one is a generation conflict), and a batch whose leases may be past
+  half their life (renewed one by one first). A job that lost a bulk write has had nothing of
+  it published beyond what a refresh finds unchanged, so `process_claimed` then runs exactly as
+  it would have after the competing write.
+
+The only difference is interleaving: one by one, job k completes before job k+1 is refreshed;
+in bulk every refresh of a collection precedes its completions. Concurrent writers act between
+statements either way, so each result is one a one-by-one run can produce.
 """
 
 from __future__ import annotations
@@ -16,12 +49,13 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from sqlalchemy import Engine
 
+from ..media.batch_refresh import refresh_contents_for_work
 from ..media.projection import RefreshErrorCode, refresh_content_for_work
 from ..store import status as status_store
 from ..store.activation import read_activation
@@ -280,27 +314,27 @@ def process_due_batch(
     lease_seconds: int = LEASE_DURATION_SECONDS,
     collection_id: str | None = None,
     clock: Callable[[], float] = time.monotonic,
+    bulk: bool = True,
 ) -> WorkBatchResult:
     """Claim up to `batch_size` due jobs in one statement (optionally of one collection) and
-    process each under its own lease, in due order.
+    process them under their own leases: each collection's jobs in bulk (see the module
+    docstring), what the bulk path defers one by one with `process_claimed`. `bulk=False`
+    processes every job one by one, in due order.
 
     Leases were all taken at claim time, so before a job whose lease may be past half its
     life the lease is renewed (a guarded CAS); a job whose renewal fails is no longer ours and
-    is left alone (`claim_lost`).
+    is left alone (`claim_lost`). A batch whose leases may be past half their life is
+    processed one by one for that reason.
     """
     started = clock()
     if not capture_is_active(engine):
         return WorkBatchResult(inactive=True, duration_ms=_elapsed_ms(clock, started))
     repository = WorkRepository(engine)
     claimed = repository.claim_due_batch(batch_size, lease_seconds, collection_id)
-    claimed_at = clock()
+    batch = _Batch(engine, repository, lease_seconds, clock, claimed_at=clock())
     outcomes = []
-    for record in claimed:
-        aged = clock() - claimed_at >= lease_seconds / 2
-        if aged and not _renew(repository, record, lease_seconds):
-            outcomes.append(WorkOutcome.CLAIM_LOST)
-        else:
-            outcomes.append(process_claimed(engine, record))
+    for group in _by_collection(claimed):
+        outcomes.extend(batch.in_bulk(group) if bulk else batch.one_by_one(group))
     counts = OutcomeCounts.of(outcomes)
     return WorkBatchResult(
         claimed_count=len(claimed),
@@ -312,6 +346,75 @@ def process_due_batch(
         claim_lost_count=counts.claim_lost_count,
         duration_ms=_elapsed_ms(clock, started),
     )
+
+
+def _by_collection(records: Sequence[WorkRecord]) -> list[list[WorkRecord]]:
+    """Claimed jobs grouped by the collection identity they were enqueued under, groups and
+    jobs in due order."""
+    groups: dict[tuple[str, str], list[WorkRecord]] = {}
+    for record in records:
+        groups.setdefault((record.collection_id, record.collection_slug), []).append(record)
+    return list(groups.values())
+
+
+@dataclass
+class _Batch:
+    engine: Engine
+    repository: WorkRepository
+    lease_seconds: int
+    clock: Callable[[], float]
+    claimed_at: float
+
+    def aged(self) -> bool:
+        return self.clock() - self.claimed_at >= self.lease_seconds / 2
+
+    def one_by_one(self, records: Sequence[WorkRecord]) -> list[WorkOutcome]:
+        outcomes = []
+        for record in records:
+            if self.aged() and not _renew(self.repository, record, self.lease_seconds):
+                outcomes.append(WorkOutcome.CLAIM_LOST)
+            else:
+                outcomes.append(process_claimed(self.engine, record))
+        return outcomes
+
+    def in_bulk(self, records: Sequence[WorkRecord]) -> list[WorkOutcome]:
+        """One collection's jobs: refresh in bulk, complete what was refreshed in one
+        statement, and process what the bulk refresh deferred one by one."""
+        if self.aged():
+            return self.one_by_one(records)
+        first = records[0]
+        refresh = refresh_contents_for_work(
+            self.engine,
+            first.collection_id,
+            first.collection_slug,
+            [record.content_id for record in records],
+        )
+        refreshed = [record for record in records if record.content_id in refresh.refreshed]
+        deferred = [record for record in records if record.content_id not in refresh.refreshed]
+        return self.complete(refreshed) + self.one_by_one(deferred)
+
+    def complete(self, records: Sequence[WorkRecord]) -> list[WorkOutcome]:
+        """`process_claimed`'s success branch for every refreshed job at once: one guarded
+        completion statement, then the collection's incremental success once.
+
+        Two transactions, as one by one: a capture trigger locks the status row before the
+        work row, so a transaction holding completed work rows must not wait for the status
+        row (a deadlock on PostgreSQL)."""
+        if not records:
+            return []
+        completed = self.repository.complete_work_batch([record.lease for record in records])
+        if completed:
+            first = records[0]
+            with self.engine.begin() as connection:
+                status_store.record_incremental_success(
+                    connection, first.collection_id, first.collection_slug
+                )
+        return [
+            WorkOutcome.COMPLETED
+            if (record.collection_id, record.content_id) in completed
+            else WorkOutcome.SUPERSEDED
+            for record in records
+        ]
 
 
 def _renew(repository: WorkRepository, record: WorkRecord, lease_seconds: int) -> bool:

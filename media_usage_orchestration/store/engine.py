@@ -3,7 +3,7 @@
 SQLite (embedded default): WAL so readers never block the writer, a generous busy timeout,
 foreign keys on, and `BEGIN IMMEDIATE` for every transaction that may write: pysqlite's
 deferred BEGIN would fail with SQLITE_BUSY at the first write without waiting.
-PostgreSQL: psycopg 3, READ COMMITTED, one statement per guarded step.
+PostgreSQL: psycopg 3, READ COMMITTED, one statement per guarded step, a plan per execution.
 """
 
 from __future__ import annotations
@@ -69,7 +69,25 @@ def create_database_engine(url: str | URL, **engine_options) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         return _create_sqlite_engine(parsed, **engine_options)
     engine_options.setdefault("pool_pre_ping", True)
-    return create_engine(parsed, **engine_options)
+    return _create_postgres_engine(parsed, **engine_options)
+
+
+def _create_postgres_engine(url: URL, **engine_options) -> Engine:
+    engine = create_engine(url, **engine_options)
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record):
+        # psycopg prepares a statement after a few executions, and PostgreSQL may then keep a
+        # generic plan chosen while a table was small: a work or source table that grows from
+        # empty during a reconciliation would be scanned sequentially for the rest of the
+        # session. Plans are therefore made for each execution (parsing is still saved).
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SET plan_cache_mode = force_custom_plan")
+        dbapi_connection.autocommit = autocommit
+
+    return engine
 
 
 def _create_sqlite_engine(url: URL, **engine_options) -> Engine:

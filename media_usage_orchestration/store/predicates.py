@@ -6,7 +6,7 @@ them by name so a reader can check a statement's guards against the seed line by
 
 from __future__ import annotations
 
-from sqlalchemy import and_, exists, literal, select
+from sqlalchemy import Text, and_, column, exists, literal, select, table
 from sqlalchemy.sql.elements import ColumnElement
 
 from .schema import (
@@ -18,6 +18,11 @@ from .schema import (
     collections,
     index_status,
 )
+
+# Guards read only these columns. They alias the table each time a statement is built, and an
+# alias of the full `Table` would proxy every one of its columns, on every step of every run.
+_REGISTRY = table(collections.name, column("id", Text), column("slug", Text))
+_TOMBSTONES = table(collection_deletions.name, column("collection_id", Text))
 
 
 def activation_is_active() -> ColumnElement[bool]:
@@ -33,7 +38,7 @@ def registry_identity_is_current(
     collection_id: ColumnElement | str, collection_slug: ColumnElement | str
 ) -> ColumnElement[bool]:
     """ "Collection identity is current": a registry row with exactly (id, slug)."""
-    registry = collections.alias("current_collection")
+    registry = _REGISTRY.alias("current_collection")
     return exists(
         select(literal(1))
         .select_from(registry)
@@ -43,7 +48,7 @@ def registry_identity_is_current(
 
 def no_deletion_tombstone(collection_id: ColumnElement | str) -> ColumnElement[bool]:
     """No collection-deletion tombstone exists for the collection."""
-    deletion = collection_deletions.alias("deletion")
+    deletion = _TOMBSTONES.alias("deletion")
     return ~exists(
         select(literal(1)).select_from(deletion).where(deletion.c.collection_id == collection_id)
     )

@@ -13,6 +13,7 @@ Beyond the seed (each says so in its docstring):
   `target_epoch` NULL, so `reset_failed_for_new_epoch` can never match and seeding skips the
   collection for ever.
 - `retry_failed_by_operator`: an operator retry, which EmDash does not offer for reconciliations.
+- `resume_retry_now`: an operator's re-execution from the failed step resumes a retrying run.
 - `find_by_collection`, `find_coverage`, `seed_collection`, `request_full_reconciliation`,
   `delete_one_obsolete_collection`, `holds_live_claim`: reconciling one named collection (a
   partitioned run or an operator's forced run) step by step, and reporting which collection a
@@ -32,17 +33,22 @@ deterministic failure on every tick.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
     Select,
+    Text,
     and_,
+    bindparam,
     case,
+    column,
     delete,
     exists,
     false,
@@ -50,6 +56,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    table,
     tuple_,
     union_all,
     update,
@@ -67,7 +74,7 @@ from .predicates import (
     registry_identity_is_current,
 )
 from .records import LeaseState, bounded_limit, non_negative_whole, positive_whole
-from .schema import content_table, dialect_insert, index_status, reconciliations, sources, work
+from .schema import dialect_insert, index_status, narrow, reconciliations, sources, work
 
 MAX_CANDIDATES = 100
 MAX_PAGE_SIZE = 50
@@ -232,11 +239,28 @@ def _cursor(value: object, label: str) -> str | None:
 # --- named predicates ----------------------------------------------------------------------------
 
 
+_CLAIMED_ROW = narrow(
+    _r, "collection_id", "collection_slug", "run_token", "state", "lease_token", "lease_expires_at"
+)
+_OWNING_STATUS = narrow(
+    _s,
+    "adapter_id",
+    "scope_type",
+    "collection_id",
+    "scope_key",
+    "capture_state",
+    "reconciliation_required",
+    "status",
+    "cursor",
+    "change_epoch",
+)
+
+
 def live_claim_exists(claim: ReconciliationRecord) -> ColumnElement[bool]:
     """The claim's lease still holds the coordinator row of a current, active, undeleted
     collection. Reads and writes outside the row itself carry it, so a fenced owner sees
     nothing and changes nothing."""
-    reconciliation = _r.alias("reconciliation")
+    reconciliation = _CLAIMED_ROW.alias("reconciliation")
     return exists(
         select(literal(1))
         .select_from(reconciliation)
@@ -259,7 +283,7 @@ def live_claim_exists(claim: ReconciliationRecord) -> ColumnElement[bool]:
 def status_owns_run(claim: ReconciliationRecord, target_epoch: int) -> ColumnElement[bool]:
     """Coverage is running for this run token at exactly this epoch: any captured write,
     schema change, operator retry or foreign owner moves the epoch or cursor and fences us."""
-    status = _s.alias("status")
+    status = _OWNING_STATUS.alias("status")
     return exists(
         select(literal(1))
         .select_from(status)
@@ -419,6 +443,112 @@ def seed_next_candidate_statement(
     )
 
 
+# --- statements built once ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _BoundClaim:
+    """A claim whose identity is bound parameters: the per-page statements below are built
+    from the same named predicates once, then executed with `_claim_parameters(claim)`."""
+
+    collection_id: Any
+    collection_slug: Any
+    run_token: Any
+    lease_token: Any
+
+
+_BOUND_CLAIM = _BoundClaim(
+    bindparam("claim_collection_id", type_=Text),
+    bindparam("claim_collection_slug", type_=Text),
+    bindparam("claim_run_token", type_=Text),
+    bindparam("claim_lease_token", type_=Text),
+)
+_BOUND_EPOCH = bindparam("claim_target_epoch", type_=BigInteger)
+_BOUND_CURSOR = bindparam("page_cursor", type_=Text)
+_BOUND_UPPER = bindparam("page_upper", type_=Text)
+
+
+def _claim_parameters(claim: ReconciliationRecord, **extra: Any) -> dict[str, Any]:
+    bound = {
+        _BOUND_CLAIM.collection_id.key: claim.collection_id,
+        _BOUND_CLAIM.collection_slug.key: claim.collection_slug,
+        _BOUND_CLAIM.run_token.key: claim.run_token,
+        _BOUND_CLAIM.lease_token.key: claim.lease_token,
+    }
+    return {**bound, **extra}
+
+
+@functools.lru_cache(maxsize=4)
+def _owns_run_statement():
+    return select(status_owns_run(_BOUND_CLAIM, _BOUND_EPOCH))
+
+
+@functools.lru_cache(maxsize=16)
+def _renew_statement(lease_seconds: int):
+    return (
+        update(_r)
+        .where(_claim_holds_lease(_BOUND_CLAIM))
+        .values(lease_expires_at=timestamp_offset(lease_seconds), updated_at=now())
+        .returning(_r.c.lease_expires_at)
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool):
+    cursor = _r.c.scan_cursor if phase is ReconciliationPhase.SCAN else _r.c.source_cursor
+    # Compare-and-set on the cursor: a replayed or concurrent page cannot move it twice.
+    observed = (
+        cursor == bindparam("previous_cursor", type_=Text) if has_previous else cursor.is_(None)
+    )
+    return (
+        update(_r)
+        .where(
+            _claim_holds_lease(_BOUND_CLAIM),
+            _r.c.target_epoch == _BOUND_EPOCH,
+            _r.c.phase == phase.value,
+            status_owns_run(_BOUND_CLAIM, _BOUND_EPOCH),
+            observed,
+        )
+        .values(
+            {
+                cursor.key: bindparam("next_cursor", type_=Text),
+                "attempt_count": 0,
+                "last_error_code": None,
+                "updated_at": now(),
+            }
+        )
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _scan_page_statement(collection_slug: str, has_cursor: bool, has_upper: bool, limit: int):
+    content = _content(collection_slug)
+    bounds = [live_claim_exists(_BOUND_CLAIM)]
+    if has_cursor:
+        bounds.append(content.c.id > _BOUND_CURSOR)
+    # No upper id means the collection had no media fields: nothing to scan.
+    bounds.append(content.c.id <= _BOUND_UPPER if has_upper else false())
+    return select(content.c.id).where(*bounds).order_by(content.c.id).limit(limit)
+
+
+@functools.lru_cache(maxsize=16)
+def _source_page_statement(has_cursor: bool, has_upper: bool, limit: int):
+    bounds = [
+        _canonical_sources(_BOUND_CLAIM.collection_id),
+        live_claim_exists(_BOUND_CLAIM),
+        status_owns_run(_BOUND_CLAIM, _BOUND_EPOCH),
+    ]
+    if has_cursor:
+        bounds.append(sources.c.source_key > _BOUND_CURSOR)
+    bounds.append(sources.c.source_key <= _BOUND_UPPER if has_upper else false())
+    return (
+        select(sources.c.source_key, sources.c.content_id, sources.c.source_variant)
+        .where(*bounds)
+        .order_by(sources.c.source_key)
+        .limit(limit)
+    )
+
+
 # --- repository ---------------------------------------------------------------------------------
 
 
@@ -522,8 +652,9 @@ class ReconciliationRepository:
     def owns_run(self, claim: ReconciliationRecord, target_epoch: int | str) -> bool:
         _require_identity(claim.collection_id, claim.run_token)
         epoch = _epoch(target_epoch)
+        parameters = _claim_parameters(claim, **{_BOUND_EPOCH.key: epoch})
         with read_transaction(self.engine) as connection:
-            owned = connection.execute(select(status_owns_run(claim, epoch))).scalar()
+            owned = connection.execute(_owns_run_statement(), parameters).scalar()
         return bool(owned)
 
     def holds_live_claim(self, claim: ReconciliationRecord) -> bool:
@@ -540,7 +671,10 @@ class ReconciliationRepository:
             failed = connection.execute(
                 select(work.c.last_error_code)
                 .where(work.c.collection_id == collection_id, work.c.state == "failed")
-                .order_by(work.c.content_id)
+                # The same order as by `content_id`, but one no index provides: ordered by the
+                # primary key, SQLite would walk every work row of the collection to find a
+                # failed one (once per drained batch); this way it reads only failed rows.
+                .order_by(work.c.content_id.concat(""))
                 .limit(1)
             ).first()
             if failed is not None:
@@ -568,19 +702,19 @@ class ReconciliationRepository:
 
     def find_scan_page(self, reconciliation: ReconciliationRecord, limit: int) -> list[str]:
         limit = _page_limit(limit, "scan")
-        content = _content(reconciliation.collection_slug)
+        content_table_name(reconciliation.collection_slug)  # a bad slug fails before any SQL
         if not reconciliation.lease_token or reconciliation.target_epoch is None:
             return []
         _require_claim(reconciliation)
-        bounds = [live_claim_exists(reconciliation)]
-        if reconciliation.scan_cursor:
-            bounds.append(content.c.id > reconciliation.scan_cursor)
-        # No upper id means the collection had no media fields: nothing to scan.
-        upper = reconciliation.scan_upper_id
-        bounds.append(content.c.id <= upper if upper else false())
-        statement = select(content.c.id).where(*bounds).order_by(content.c.id).limit(limit)
+        cursor, upper = reconciliation.scan_cursor, reconciliation.scan_upper_id
+        statement = _scan_page_statement(
+            reconciliation.collection_slug, bool(cursor), bool(upper), limit
+        )
+        parameters = _claim_parameters(
+            reconciliation, **{_BOUND_CURSOR.key: cursor, _BOUND_UPPER.key: upper}
+        )
         with read_transaction(self.engine) as connection:
-            return list(connection.execute(statement).scalars())
+            return list(connection.execute(statement, parameters).scalars())
 
     def begin_run(self, claim: ReconciliationRecord) -> int | None:
         """Take the coverage status for this run; the epoch moves unless this run already
@@ -667,28 +801,14 @@ class ReconciliationRepository:
         epoch = _epoch(target_epoch)
         previous_cursor = _cursor(previous_cursor, "previous cursor")
         require_text(next_cursor, "Reconciliation checkpoint requires a next cursor")
-        cursor = _r.c.scan_cursor if phase is ReconciliationPhase.SCAN else _r.c.source_cursor
-        # Compare-and-set on the cursor: a replayed or concurrent page cannot move it twice.
-        observed = cursor == previous_cursor if previous_cursor else cursor.is_(None)
-        statement = (
-            update(_r)
-            .where(
-                _claim_holds_lease(claim),
-                _r.c.target_epoch == epoch,
-                _r.c.phase == phase.value,
-                status_owns_run(claim, epoch),
-                observed,
-            )
-            .values(
-                {
-                    cursor.key: next_cursor,
-                    "attempt_count": 0,
-                    "last_error_code": None,
-                    "updated_at": now(),
-                }
-            )
+        statement = _checkpoint_statement(phase, previous_cursor is not None)
+        parameters = _claim_parameters(
+            claim,
+            **{_BOUND_EPOCH.key: epoch, "previous_cursor": previous_cursor},
+            next_cursor=next_cursor,
         )
-        return self._write(statement)
+        with self.engine.begin() as connection:
+            return connection.execute(statement, parameters).rowcount == 1
 
     def restart_run(self, claim: ReconciliationRecord, previous_epoch: int | str) -> int | None:
         """Like `begin_run`, but an "interrupted restart" (this run already moved the epoch past
@@ -807,25 +927,20 @@ class ReconciliationRepository:
         if not reconciliation.lease_token or reconciliation.target_epoch is None:
             return []
         _require_claim(reconciliation)
-        bounds = [
-            _canonical_sources(reconciliation.collection_id),
-            live_claim_exists(reconciliation),
-            status_owns_run(reconciliation, reconciliation.target_epoch),
-        ]
-        if reconciliation.source_cursor:
-            bounds.append(sources.c.source_key > reconciliation.source_cursor)
-        upper = reconciliation.source_upper_key
-        bounds.append(sources.c.source_key <= upper if upper else false())
-        statement = (
-            select(sources.c.source_key, sources.c.content_id, sources.c.source_variant)
-            .where(*bounds)
-            .order_by(sources.c.source_key)
-            .limit(limit)
+        cursor, upper = reconciliation.source_cursor, reconciliation.source_upper_key
+        statement = _source_page_statement(bool(cursor), bool(upper), limit)
+        parameters = _claim_parameters(
+            reconciliation,
+            **{
+                _BOUND_EPOCH.key: reconciliation.target_epoch,
+                _BOUND_CURSOR.key: cursor,
+                _BOUND_UPPER.key: upper,
+            },
         )
         with read_transaction(self.engine) as connection:
             return [
                 SourceCandidate(row.source_key, row.content_id, row.source_variant)
-                for row in connection.execute(statement)
+                for row in connection.execute(statement, parameters)
             ]
 
     def find_missing_content_ids(
@@ -1087,13 +1202,10 @@ class ReconciliationRepository:
         Dagster step keeps its claim across pages and renews it between them."""
         _require_claim(claim)
         validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
-        statement = (
-            update(_r)
-            .where(_claim_holds_lease(claim))
-            .values(lease_expires_at=timestamp_offset(lease_seconds), updated_at=now())
-            .returning(_r.c.lease_expires_at)
-        )
-        row = self._returning(statement)
+        with self.engine.begin() as connection:
+            row = connection.execute(
+                _renew_statement(lease_seconds), _claim_parameters(claim)
+            ).first()
         return row.lease_expires_at if row is not None else None
 
     def release(
@@ -1268,6 +1380,23 @@ class ReconciliationRepository:
         )
         return self._write(statement)
 
+    def resume_retry_now(self, collection_id: str, run_token: str) -> bool:
+        """Beyond the seed: make a retrying run due now, its checkpoints kept, for an operator
+        who re-executes a failed Dagster run from the failed step (the steps before it do not
+        run again, so a fresh scan could not be resumed there). The backoff only paces the
+        automatic lane; every later write still asserts the lease, the epoch and the cursors."""
+        _require_identity(collection_id, run_token)
+        statement = (
+            update(_r)
+            .where(
+                _r.c.collection_id == collection_id,
+                _r.c.run_token == run_token,
+                _r.c.state == LeaseState.RETRY.value,
+            )
+            .values(next_attempt_at=now(), updated_at=now())
+        )
+        return self._write(statement)
+
     def retry_failed_by_operator(self, collection_id: str) -> OperatorRetryResult:
         """Beyond the seed (EmDash has no reconciliation retry): reopen a failed, retrying or
         lease-expired coordinator as a fresh scan. A live lease is never stolen; a pending row
@@ -1376,9 +1505,10 @@ def delete_one_obsolete_statement():
 
 
 def _content(collection_slug: str):
-    """`ec_<slug> AS content`; the slug is validated here, before any SQL is built."""
-    content_table_name(collection_slug)
-    return content_table(collection_slug).alias("content")
+    """`ec_<slug> AS content` (only its id is read); the slug is validated here, before any
+    SQL is built. A lightweight table clause: statements on it are cached by name, where a
+    new `Table` object per call would be compiled again on every page."""
+    return table(content_table_name(collection_slug), column("id", Text)).alias("content")
 
 
 def _require_lease_identity(collection_id: str, run_token: str, lease_token: str) -> None:

@@ -27,10 +27,13 @@ from sqlalchemy import (
     inspect,
     text,
 )
+from sqlalchemy import column as sql_column
+from sqlalchemy import table as sql_table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.sql.selectable import TableClause
 
 from .clock import POSTGRES_FORMAT, SQLITE_FORMAT
 from .identifiers import content_table_name, quote_identifier, validate_identifier
@@ -666,7 +669,17 @@ def _insert_ignore(dialect_name: str, table: Table):
     return module.insert(table).on_conflict_do_nothing()
 
 
+def narrow(source: Table, *names: str) -> TableClause:
+    """`source` naming only `names`: the same SQL, but an alias of it proxies just these
+    columns. Guards alias a table on every statement they are built into, and proxying every
+    column of a wide table costs more than running the statement."""
+    return sql_table(source.name, *(sql_column(name, source.c[name].type) for name in names))
+
+
 def dialect_insert(connection_or_dialect, table: Table):
-    """`INSERT` with `ON CONFLICT` support for the connection's dialect."""
-    name = getattr(connection_or_dialect, "name", None) or connection_or_dialect.dialect.name
+    """`INSERT` with `ON CONFLICT` support for the connection's dialect (or dialect name)."""
+    if isinstance(connection_or_dialect, str):
+        name = connection_or_dialect
+    else:
+        name = getattr(connection_or_dialect, "name", None) or connection_or_dialect.dialect.name
     return (postgresql if name == "postgresql" else sqlite).insert(table)

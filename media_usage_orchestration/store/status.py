@@ -8,7 +8,22 @@ whether content writes are accepted, `change_epoch` orders every captured change
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, and_, case, exists, literal, null, or_, select, update
+import functools
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Text,
+    and_,
+    bindparam,
+    case,
+    exists,
+    literal,
+    null,
+    or_,
+    select,
+    update,
+)
 
 from .activation import RUNTIME_GENERATION, activation_lease_is_held
 from .clock import now
@@ -198,20 +213,47 @@ def record_incremental_success(connection: Connection, collection_id: str, slug:
     """Note a completed work item; coverage becomes `complete` only if it was already trusted
     and no work of the collection remains. Untrusted coverage (`reconciliation_required = 1`)
     only a full reconciliation can complete."""
-    observed = connection.execute(
-        select(index_status.c.change_epoch).where(_active_bound_row(collection_id, slug))
-    ).scalar_one_or_none()
+    identity = {_SUCCESS_COLLECTION_ID.key: collection_id, _SUCCESS_SLUG.key: slug}
+    observed = connection.execute(_observed_epoch_statement(), identity).scalar_one_or_none()
     if observed is None:
         return False
+    result = connection.execute(
+        _record_success_statement(), {**identity, _OBSERVED_EPOCH.key: observed}
+    )
+    return result.rowcount > 0
+
+
+# Every completed batch records a success: both statements are built once, bound per call.
+_SUCCESS_COLLECTION_ID = bindparam("success_collection_id", type_=Text)
+_SUCCESS_SLUG = bindparam("success_collection_slug", type_=Text)
+_OBSERVED_EPOCH = bindparam("observed_change_epoch", type_=BigInteger)
+
+
+@functools.cache
+def _observed_epoch_statement():
+    return select(index_status.c.change_epoch).where(
+        _active_bound_row(_SUCCESS_COLLECTION_ID, _SUCCESS_SLUG)
+    )
+
+
+@functools.cache
+def _record_success_statement():
     can_complete = and_(
         index_status.c.reconciliation_required == 0,
         index_status.c.status.in_(("complete", "stale", "partial")),
-        ~exists(select(literal(1)).select_from(work).where(work.c.collection_id == collection_id)),
+        ~exists(
+            select(literal(1))
+            .select_from(work)
+            .where(work.c.collection_id == _SUCCESS_COLLECTION_ID)
+        ),
     )
     stamp = now()
-    result = connection.execute(
+    return (
         update(index_status)
-        .where(_active_bound_row(collection_id, slug), index_status.c.change_epoch == observed)
+        .where(
+            _active_bound_row(_SUCCESS_COLLECTION_ID, _SUCCESS_SLUG),
+            index_status.c.change_epoch == _OBSERVED_EPOCH,
+        )
         .values(
             status=case((can_complete, "complete"), else_=index_status.c.status),
             completed_at=case((can_complete, stamp), else_=index_status.c.completed_at),
@@ -220,7 +262,6 @@ def record_incremental_success(connection: Connection, collection_id: str, slug:
             updated_at=stamp,
         )
     )
-    return result.rowcount > 0
 
 
 def record_incremental_failure(
