@@ -22,6 +22,7 @@ IN_FLIGHT_STATUSES = [
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 ]
+UNSUCCESSFUL_STATUSES = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 MAX_DUE_DELETIONS = 25
 MAX_DUE_RECONCILIATIONS = 25
 
@@ -32,6 +33,20 @@ def runs_in_flight(
     return instance.get_runs_count(
         filters=dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT_STATUSES, tags=tags or {})
     )
+
+
+def last_unsuccessful_run_id(
+    instance: dg.DagsterInstance, job_name: str, tags: dict[str, str] | None = None
+) -> str | None:
+    """The newest run of the job (with these tags) that failed or was canceled. The daemon
+    never launches a key it has seen, whatever that run's status, so a run that ended without
+    progress must give the same due set a new key, or that work would never be asked for
+    again."""
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(job_name=job_name, statuses=UNSUCCESSFUL_STATUSES, tags=tags or {}),
+        limit=1,
+    )
+    return runs[0].run_id if runs else None
 
 
 def run_key(*parts: object) -> str:
@@ -62,7 +77,15 @@ def media_usage_collection_deletion_sensor(
         requests.append(
             dg.RunRequest(
                 run_key=run_key(
-                    "delete", tombstone.collection_id, tombstone.phase, due_at, tombstone.updated_at
+                    "delete",
+                    tombstone.collection_id,
+                    tombstone.phase,
+                    due_at,
+                    tombstone.updated_at,
+                    # a run canceled or failed before its claim left the tombstone unchanged
+                    last_unsuccessful_run_id(
+                        context.instance, media_usage_collection_deletion.name, tags
+                    ),
                 ),
                 run_config={
                     "ops": {
@@ -103,6 +126,7 @@ def media_usage_work_sensor(
             earliest.work_version,
             earliest.due_at,
             in_flight,
+            last_unsuccessful_run_id(context.instance, media_usage_work.name),
         ),
         run_config={
             "ops": {
@@ -147,6 +171,10 @@ def media_usage_reconciliation_sensor(
                     candidate.collection_id,
                     candidate.run_token or "seed",
                     candidate.generation,
+                    # a run canceled or failed before its claim left the row unchanged
+                    last_unsuccessful_run_id(
+                        context.instance, media_usage_reconciliation.name, tags
+                    ),
                 ),
                 partition_key=candidate.collection_slug,
                 tags={**tags, COLLECTION_TAG: candidate.collection_slug},

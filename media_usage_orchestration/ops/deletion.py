@@ -255,10 +255,10 @@ class RequestDeletionConfig(dg.Config):
 def request_deletion(
     context: dg.OpExecutionContext, config: RequestDeletionConfig, database: MediaUsageDatabase
 ):
-    validate_identifier(config.collection, "collection slug")
-    engine = database.engine
     with retry_transient_errors_only():
-        outcome, detail = _request(engine, config.collection, config.force)
+        # Inside: bad input fails the step at once instead of going to the RetryPolicy.
+        validate_identifier(config.collection, "collection slug")
+        outcome, detail = _request(database.engine, config.collection, config.force)
     context.log.info(f"deletion of {config.collection!r}: {outcome} ({detail})")
     yield dg.Output(
         None,
@@ -276,13 +276,23 @@ def _request(engine: Engine, slug: str, force: bool) -> tuple[str, str]:
     if outcome is processing.FrontPhaseOutcome.HAS_CONTENT:
         raise _refused(slug)
     if outcome is processing.FrontPhaseOutcome.NOT_FOUND:
-        raise dg.Failure(f"Collection {slug!r} does not exist", allow_retries=False)
+        raise _not_found(slug)
     if outcome is processing.FrontPhaseOutcome.INACTIVE:
+        if collection_id is None:
+            raise _not_found(slug)
         processing.request_collection_deletion(engine, slug, force=force)
         return outcome.value, "capture is not activated: deleted synchronously"
     if outcome is processing.FrontPhaseOutcome.IN_PROGRESS:
         return outcome.value, "another owner holds the tombstone; the background job continues"
     return outcome.value, "registry and table removed; the background job removes the rest"
+
+
+def _not_found(slug: str) -> dg.Failure:
+    return dg.Failure(
+        f"Collection {slug!r} does not exist",
+        metadata={"outcome": processing.FrontPhaseOutcome.NOT_FOUND.value, "collection": slug},
+        allow_retries=False,
+    )
 
 
 def _refused(slug: str) -> dg.Failure:

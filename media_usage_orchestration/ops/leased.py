@@ -23,6 +23,7 @@ from .common import is_transient_database_error
 L = TypeVar("L")
 
 OUTCOME_TAG = "media_usage/outcome"
+AUTOMATIC_RETRY_TAG = "dagster/retry_number"  # set by the run-retry daemon, never by operators
 COLLECTION_TAG = "media_usage/collection"
 
 
@@ -60,9 +61,12 @@ class StepStopped(Exception):
 
 
 def is_reexecution(context: dg.OpExecutionContext) -> bool:
-    """A run an operator re-executed (all steps or from failure) may reopen a failed row."""
+    """A run an operator re-executed (all steps or from failure) may reopen a failed row.
+
+    A run the run-retry daemon launched (it tags it with the retry number) may not: reopening
+    there would reset the attempt count and skip the recorded backoff on every retry."""
     run = context.instance.get_run_by_id(context.run_id)
-    return run is not None and run.parent_run_id is not None
+    return run is not None and run.parent_run_id is not None and AUTOMATIC_RETRY_TAG not in run.tags
 
 
 def ensure_lease(

@@ -44,7 +44,7 @@ class ReconciliationWorkflow:
     def reclaim(
         self, engine: Engine, claim: ReconciliationClaim, *, reopen: bool
     ) -> ReconciliationClaim | None:
-        attempt = processing.claim_collection(engine, claim.collection_id, reopen=reopen)
+        attempt = processing.reclaim(engine, claim, reopen=reopen)
         return attempt.claim if attempt.outcome is ReconciliationOutcome.ADVANCED else None
 
     def release(self, engine: Engine, claim: ReconciliationClaim, delay_seconds: int) -> bool:
@@ -53,7 +53,11 @@ class ReconciliationWorkflow:
     def record_failure(
         self, engine: Engine, claim: ReconciliationClaim, error: BaseException
     ) -> str:
-        return processing.record_step_failure(engine, claim).value
+        # Pages checkpointed before the failure reset the row's attempt count: judge the
+        # failure on the row, as EmDash's tick does with the claim it took for its one step.
+        return processing.record_step_failure(
+            engine, processing.reload(engine, claim) or claim
+        ).value
 
 
 WORKFLOW = ReconciliationWorkflow()

@@ -586,6 +586,28 @@ def claim_collection(
     return _unclaimable(repository, collection_id)
 
 
+def reclaim(
+    engine: Engine,
+    claim: ReconciliationRecord,
+    *,
+    reopen: bool = False,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
+) -> ClaimAttempt:
+    """Claim a run again in the middle of the graph, after its lease lapsed or a failure was
+    recorded: a plain claim keeps the row's checkpoints, so the step resumes where the run
+    stopped. With `reopen` (an operator re-executing from the failed step) a retrying run is
+    first made due now; only what no plain claim can take (a failed run) is reopened as a
+    fresh scan."""
+    if reopen:
+        ReconciliationRepository(engine).resume_retry_now(claim.collection_id, claim.run_token)
+    attempt = claim_collection(engine, claim.collection_id, lease_seconds=lease_seconds)
+    if reopen and attempt.outcome is not ReconciliationOutcome.ADVANCED:
+        attempt = claim_collection(
+            engine, claim.collection_id, lease_seconds=lease_seconds, reopen=True
+        )
+    return attempt
+
+
 def _settled_or_seeded(
     repository: ReconciliationRepository, collection_id: str
 ) -> ReconciliationRecord | None:
@@ -761,6 +783,14 @@ def record_step_failure(
     return ReconciliationOutcome.FAILED
 
 
+def reload(engine: Engine, claim: ReconciliationClaim) -> ReconciliationClaim | None:
+    """The coordinator as the steps left it, while it still carries this claim's lease token
+    (None once it moved on). A caller that ran several steps under one lease passes this to
+    `record_step_failure`: a checkpoint reset the row's attempt count."""
+    current = _current(ReconciliationRepository(engine), claim)
+    return None if current is None else _as_claim(current)
+
+
 def release(engine: Engine, claim: ReconciliationRecord, delay_seconds: int) -> bool:
     """Hand the lease back; the coordinator is due again after `delay_seconds`."""
     return _release(ReconciliationRepository(engine), claim, delay_seconds)
@@ -834,7 +864,7 @@ def run_to_completion(
         return driver.run()
     except Exception:
         logger.exception("Media usage reconciliation of %s failed", collection_id)
-        return record_step_failure(engine, driver.claim)
+        return record_step_failure(engine, reload(engine, driver.claim) or driver.claim)
 
 
 class _Flow(StrEnum):
@@ -978,8 +1008,10 @@ __all__ = [
     "prepare_run",
     "process_claimed_reconciliation",
     "process_due_reconciliation",
+    "reclaim",
     "record_step_failure",
     "release",
+    "reload",
     "renew",
     "restart",
     "retry_delay_seconds",

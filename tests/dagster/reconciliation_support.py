@@ -1,0 +1,260 @@
+"""Shared helpers for the reconciliation Dagster tests: direct op invocation, job runs, sensor
+ticks, and the "coverage is complete and true" check."""
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from dagster._core.definitions.repository_definition import SINGLETON_REPOSITORY_NAME
+from dagster._core.test_utils import create_test_daemon_workspace_context
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import ModuleTarget
+from sqlalchemy import Engine
+
+from media_usage_orchestration.cms import CmsWriter, Collection
+from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.jobs import (
+    media_usage_activation,
+    media_usage_maintenance,
+    media_usage_reconciliation,
+)
+from media_usage_orchestration.partitions import media_usage_collections
+from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.resources.automation import MediaUsageAutomation
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
+from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
+from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.activation import read_activation
+from media_usage_orchestration.store.reconciliations import ReconciliationClaim
+from tests.support import count, one, status_row
+
+RECONCILIATION_JOB = defs.resolve_job_def(media_usage_reconciliation.name)
+ACTIVATION_JOB = defs.resolve_job_def(media_usage_activation.name)
+MAINTENANCE_JOB = defs.resolve_job_def(media_usage_maintenance.name)
+RECONCILIATION_OPS = (
+    "claim_reconciliation",
+    "prepare_run",
+    "scan_pages",
+    "drain_collection_work",
+    "scan_sources",
+    "finalize_coverage",
+)
+PARTITIONS = media_usage_collections.name
+COLLECTION_ID_TAG = "media_usage/collection_id"
+COLLECTION_TAG = "media_usage/collection"
+OUTCOME_TAG = "media_usage/outcome"
+RUN_KEY_TAG = "dagster/run_key"
+PARTITION_TAG = "dagster/partition"
+FAILED_CODE = "MEDIA_USAGE_RECONCILIATION_FAILED"
+
+
+def resources(db) -> dict[str, Any]:
+    return {"database": MediaUsageDatabase(url=db.url), "automation": MediaUsageAutomation()}
+
+
+def plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: getattr(value, "value", value) for key, value in metadata.items()}
+
+
+# --- content -----------------------------------------------------------------------------------
+
+
+def write_collections(engine: Engine, sizes: Mapping[str, int]) -> dict[str, Collection]:
+    """Collections with every media shape EmDash stores, filled through the CMS writer
+    (before activation, so nothing is captured and coverage starts untrusted)."""
+    writer = CmsWriter(engine)
+    collections = {}
+    for slug, size in sizes.items():
+        collections[slug] = writer.create_collection(slug, MEDIA_FIELDS)
+        writer.insert_entries(slug, sample_entries(slug[:3], size))
+    return collections
+
+
+def activate_with_job(db, instance: dg.DagsterInstance) -> None:
+    result = ACTIVATION_JOB.execute_in_process(instance=instance, resources=resources(db))
+    assert result.success
+    with db.engine.connect() as connection:
+        assert read_activation(connection).state == "active"
+
+
+# --- ops, called directly ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpResult:
+    """What one direct op invocation yielded: the `outcome` output's metadata and the claim
+    handed on (None when the op stopped the run there)."""
+
+    metadata: dict[str, Any]
+    lease: ReconciliationClaim | None
+
+    @property
+    def outcome(self) -> str:
+        return self.metadata["outcome"]
+
+
+def invoke(
+    op_def: dg.OpDefinition,
+    db,
+    instance: dg.DagsterInstance,
+    lease: ReconciliationClaim | None = None,
+    *,
+    partition_key: str | None = None,
+    op_config: Mapping[str, Any] | None = None,
+) -> OpResult:
+    with dg.build_op_context(
+        resources=resources(db),
+        instance=instance,
+        partition_key=partition_key,
+        op_config=dict(op_config) if op_config else None,
+    ) as context:
+        outputs = list(op_def(context) if lease is None else op_def(context, lease))
+    by_name = {output.output_name: output for output in outputs}
+    assert set(by_name) in ({"outcome"}, {"outcome", "lease"}, {"result"}), by_name
+    reported = by_name.get("outcome") or by_name["result"]
+    handed_on = by_name.get("lease")
+    return OpResult(plain(reported.metadata), handed_on.value if handed_on else None)
+
+
+# --- runs --------------------------------------------------------------------------------------
+
+
+def outcome_of(events: Iterable[dg.DagsterEvent], node: str) -> dict[str, Any] | None:
+    """The metadata of a node's `outcome` output (None when the node did not run)."""
+    for event in events:
+        if (
+            event.step_key == node
+            and event.is_successful_output
+            and event.step_output_data.output_name == "outcome"
+        ):
+            return plain(event.step_output_data.metadata)
+    return None
+
+
+def step_outcomes(events: Iterable[dg.DagsterEvent]) -> dict[str, str]:
+    events = list(events)
+    outcomes = {}
+    for node in RECONCILIATION_OPS:
+        metadata = outcome_of(events, node)
+        if metadata is not None:
+            outcomes[node] = metadata["outcome"]
+    return outcomes
+
+
+def run_events(instance: dg.DagsterInstance, run_id: str) -> list[dg.DagsterEvent]:
+    return [
+        entry.dagster_event
+        for entry in instance.all_logs(run_id)
+        if entry.dagster_event is not None
+    ]
+
+
+COMPLETE_RUN = {
+    "claim_reconciliation": "claimed",
+    "prepare_run": "prepared",
+    "scan_pages": "exhausted",
+    "drain_collection_work": "drained",
+    "scan_sources": "exhausted",
+    "finalize_coverage": "completed",
+}
+
+
+def run_partition(
+    db, instance: dg.DagsterInstance, slug: str, **execute: Any
+) -> dg.ExecuteInProcessResult:
+    return RECONCILIATION_JOB.execute_in_process(
+        instance=instance, resources=resources(db), partition_key=slug, **execute
+    )
+
+
+# --- the sensor --------------------------------------------------------------------------------
+
+
+def tick(db, instance: dg.DagsterInstance) -> dg.SensorResult:
+    """One sensor evaluation; every RunRequest must be valid for the job that runs it."""
+    with (
+        dg.build_sensor_context(
+            instance=instance, resources=resources(db), definitions=defs
+        ) as context,
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        data = media_usage_reconciliation_sensor.evaluate_tick(context)
+    for request in data.run_requests or []:
+        dg.validate_run_config(RECONCILIATION_JOB, request.run_config)
+    return data
+
+
+def add_requested_partitions(instance: dg.DagsterInstance, data) -> list[str]:
+    added = []
+    for request in data.dynamic_partitions_requests or []:
+        assert isinstance(request, dg.AddDynamicPartitionsRequest), request
+        assert request.partitions_def_name == PARTITIONS
+        instance.add_dynamic_partitions(PARTITIONS, list(request.partition_keys))
+        added.extend(request.partition_keys)
+    return added
+
+
+def execute_requested(
+    db, instance: dg.DagsterInstance, request: dg.RunRequest
+) -> dg.ExecuteInProcessResult:
+    return run_partition(
+        db,
+        instance,
+        request.partition_key,
+        run_config=request.run_config,
+        tags={**(request.tags or {}), RUN_KEY_TAG: request.run_key},
+    )
+
+
+# --- database checks ---------------------------------------------------------------------------
+
+
+def assert_coverage_complete(engine: Engine, collections: Sequence[Collection]) -> None:
+    """Every collection's coverage is trusted, nothing is left to do, and the index equals
+    what extraction computes from the content (the oracle)."""
+    for collection in collections:
+        status = status_row(engine, collection.slug)
+        assert status is not None
+        assert (
+            status["status"],
+            status["reconciliation_required"],
+            status["cursor"],
+            status["last_error_code"],
+        ) == ("complete", 0, None, None), status
+        assert one(engine, schema.reconciliations, collection_id=collection.id) is None
+    assert count(engine, schema.work) == 0
+    report = verify_index(engine, [collection.slug for collection in collections])
+    assert report.differences == ()
+    assert report.pending_work_count == 0
+    assert sorted(summary.collection_slug for summary in report.collections) == sorted(
+        collection.slug for collection in collections
+    )
+
+
+# --- the daemon's view: a real code location ---------------------------------------------------
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+LOCATION = "media_usage_orchestration"
+DEFINITIONS_TARGET = ModuleTarget(
+    module_name="media_usage_orchestration.definitions",
+    attribute=None,
+    working_directory=str(PROJECT_ROOT),
+    location_name=LOCATION,
+)
+
+
+@contextlib.contextmanager
+def daemon_workspace(instance: dg.DagsterInstance) -> Iterator[WorkspaceProcessContext]:
+    """The project's code location served by a real gRPC code server, as the daemon loads it.
+    The server reads MEDIA_USAGE_DATABASE_URL when it starts: set it first."""
+    with create_test_daemon_workspace_context(DEFINITIONS_TARGET, instance) as workspace:
+        yield workspace
+
+
+def remote_repository(workspace: WorkspaceProcessContext):
+    location = workspace.create_request_context().get_code_location(LOCATION)
+    return location.get_repository(SINGLETON_REPOSITORY_NAME)

@@ -1,0 +1,219 @@
+"""The names operators, run keys and the UI depend on, asserted literally.
+
+Renaming a sensor or its code location resets the daemon's run-key dedup; renaming a job, an
+op or an output orphans run history, re-execution from failure (outputs are found by step
+and output name) and backfills (partition sets are named after jobs); renaming the dynamic
+partitions definition loses every collection partition. Change these only on purpose.
+"""
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import dagster as dg
+import pytest
+
+from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.ops.leased import COLLECTION_TAG, OUTCOME_TAG
+from media_usage_orchestration.sensors import COLLECTION_ID_TAG
+from tests.dagster.reconciliation_support import PROJECT_ROOT
+
+JOBS = {
+    "media_usage_activation": ["activate_capture"],
+    "media_usage_collection_deletion": [
+        "claim_deletion",
+        "fence",
+        "remove_registry",
+        "drop_table",
+        "delete_work",
+        "delete_sources",
+        "delete_status",
+        "finalize_deletion",
+    ],
+    "media_usage_maintenance": ["settle_and_seed_reconciliations", "sync_collection_partitions"],
+    "media_usage_reconciliation": [
+        "claim_reconciliation",
+        "prepare_run",
+        "scan_pages",
+        "drain_collection_work",
+        "scan_sources",
+        "finalize_coverage",
+    ],
+    "media_usage_work": ["process_due_work"],
+    "request_collection_deletion": ["request_deletion"],
+}
+WORKFLOW_TAGS = {
+    "media_usage_activation": "activation",
+    "media_usage_collection_deletion": "collection_deletion",
+    "media_usage_maintenance": "maintenance",
+    "media_usage_reconciliation": "reconciliation",
+    "media_usage_work": "work",
+    "request_collection_deletion": "collection_deletion_request",
+}
+SENSORS = {
+    "media_usage_collection_deletion_sensor": ("media_usage_collection_deletion", 30),
+    "media_usage_reconciliation_sensor": ("media_usage_reconciliation", 30),
+    "media_usage_work_sensor": ("media_usage_work", 15),
+}
+SCHEDULES = {
+    "media_usage_maintenance_schedule": ("media_usage_maintenance", "*/2 * * * *", "UTC"),
+}
+RESOURCES = ["automation", "database"]
+PARTITIONS_DEF = "media_usage_collections"
+LOCATION = "media_usage_orchestration"
+
+
+def test_definitions_are_loadable():
+    dg.Definitions.validate_loadable(defs)
+
+
+def test_job_and_op_names():
+    jobs = {job.name: job for job in defs.resolve_all_job_defs()}
+    assert {name: list(job.graph.node_names()) for name, job in jobs.items()} == JOBS
+    assert {name: job.run_tags.get("media_usage/workflow") for name, job in jobs.items()} == (
+        WORKFLOW_TAGS
+    )
+    assert {name: job.executor_def.name for name, job in jobs.items()} == dict.fromkeys(
+        JOBS, "in_process"
+    )
+
+
+def test_the_reconciliation_graph_hands_the_claim_through_named_outputs():
+    job = defs.resolve_job_def("media_usage_reconciliation")
+    outputs = {
+        node.name: sorted(output.name for output in node.definition.output_defs)
+        for node in job.graph.nodes
+    }
+    assert outputs == {key: ["lease", "outcome"] for key in JOBS["media_usage_reconciliation"]}
+    structure = job.graph.dependency_structure
+    upstream = {
+        name: {
+            handle.input_name: [f"{output.node_name}.{output.output_def.name}" for output in outs]
+            for handle, outs in structure.input_to_upstream_outputs_for_node(name).items()
+        }
+        for name in job.graph.node_names()
+    }
+    ops = JOBS["media_usage_reconciliation"]
+    assert upstream == {
+        ops[0]: {},
+        **{op: {"lease": [f"{previous}.lease"]} for previous, op in itertools.pairwise(ops)},
+    }
+
+
+def test_sensor_schedule_resource_and_partition_names():
+    assert {
+        sensor.name: (sensor.job_name, sensor.minimum_interval_seconds) for sensor in defs.sensors
+    } == SENSORS
+    assert {
+        schedule.name: (schedule.job_name, schedule.cron_schedule, schedule.execution_timezone)
+        for schedule in defs.schedules
+    } == SCHEDULES
+    assert sorted(defs.resources) == RESOURCES
+    partitioned = {
+        job.name: job.partitions_def.name
+        for job in defs.resolve_all_job_defs()
+        if job.partitions_def is not None
+    }
+    assert partitioned == {"media_usage_reconciliation": PARTITIONS_DEF}
+
+
+def test_run_tag_keys():
+    assert (COLLECTION_ID_TAG, COLLECTION_TAG, OUTCOME_TAG) == (
+        "media_usage/collection_id",
+        "media_usage/collection",
+        "media_usage/outcome",
+    )
+
+
+# --- the webserver loads the code location --------------------------------------------------------
+
+WORKSPACE_QUERY = """
+{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
+  locationOrLoadError { __typename ... on PythonError { message }
+    ... on RepositoryLocation { repositories { name
+      jobs { name } sensors { name } schedules { name cronSchedule } } } } } } } }
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _get(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def _graphql(port: int, query: str) -> dict:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_the_webserver_loads_the_code_location(tmp_path):
+    port = _free_port()
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    webserver = subprocess.Popen(
+        [
+            os.path.join(os.path.dirname(sys.executable), "dagster-webserver"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-w",
+            str(PROJECT_ROOT / "workspace.yaml"),
+        ],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "DAGSTER_HOME": str(dagster_home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its code server is stopped with it
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while (info := _get(f"http://127.0.0.1:{port}/server_info")) is None:
+            assert webserver.poll() is None, webserver.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the webserver did not answer in 90 s"
+            time.sleep(0.5)
+        assert info["dagster_version"] == dg.__version__
+
+        data = _graphql(port, WORKSPACE_QUERY)["data"]["workspaceOrError"]
+    finally:
+        os.killpg(webserver.pid, signal.SIGTERM)
+        try:
+            webserver.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(webserver.pid, signal.SIGKILL)
+            webserver.wait(timeout=30)
+        webserver.stderr.close()
+
+    assert data["__typename"] == "Workspace"
+    [entry] = data["locationEntries"]
+    assert (entry["name"], entry["loadStatus"]) == (LOCATION, "LOADED")
+    location = entry["locationOrLoadError"]
+    assert location["__typename"] == "RepositoryLocation", location
+    [repository] = location["repositories"]
+    assert repository["name"] == "__repository__"
+    assert sorted(job["name"] for job in repository["jobs"]) == sorted(JOBS)
+    assert sorted(sensor["name"] for sensor in repository["sensors"]) == sorted(SENSORS)
+    assert {schedule["name"]: schedule["cronSchedule"] for schedule in repository["schedules"]} == {
+        name: cron for name, (_job, cron, _zone) in SCHEDULES.items()
+    }

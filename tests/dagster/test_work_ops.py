@@ -1,0 +1,474 @@
+"""The work and activation ops, called directly with `build_op_context` on both dialects, and
+their failure policy: transient database errors go to the RetryPolicy, everything else fails
+the step at once."""
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+
+import dagster as dg
+import psycopg
+import pytest
+from sqlalchemy import create_engine, insert, text, update
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
+
+from media_usage_orchestration.cms import CmsWriter
+from media_usage_orchestration.ops import common
+from media_usage_orchestration.ops import work as work_ops
+from media_usage_orchestration.ops.activation import activate_capture
+from media_usage_orchestration.ops.common import (
+    TRANSIENT_RETRY_POLICY,
+    is_transient_database_error,
+    retry_transient_errors_only,
+)
+from media_usage_orchestration.ops.work import process_due_work
+from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.work import MAX_ATTEMPTS, process_due_batch
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.sample_content import MEDIA_FIELDS
+from media_usage_orchestration.store import engine as engine_module
+from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.activation import claim_activation
+from media_usage_orchestration.store.capture_triggers import (
+    CaptureIdentity,
+    verify_capture_triggers,
+)
+from tests.processing.projection_helpers import (
+    active_collection,
+    canonical_key,
+    coverage,
+    find_source,
+    insert_entry,
+    row_trigger,
+    supersede_work_sql,
+    work_count,
+    work_for,
+)
+from tests.support import all_rows, one, set_activation, snapshot, status_row
+
+COUNTS = ("claimed", "completed", "retry", "failed", "superseded", "obsolete", "claim_lost")
+
+
+def _resources(url: str) -> dict:
+    return {"database": MediaUsageDatabase(url=url)}
+
+
+def _run_work_op(url: str, **config) -> dict:
+    """Invoke the op directly; returns its output metadata as plain values."""
+    with dg.build_op_context(resources=_resources(url), op_config=config or None) as context:
+        outputs = list(process_due_work(context))
+    assert len(outputs) == 1
+    return {key: getattr(value, "value", value) for key, value in outputs[0].metadata.items()}
+
+
+def _counts(metadata: dict) -> dict:
+    return {name: metadata[name] for name in COUNTS}
+
+
+def _expected(**nonzero: int) -> dict:
+    return {name: nonzero.get(name, 0) for name in COUNTS}
+
+
+def _entries(engine, slug: str, count_: int) -> list[str]:
+    content_ids = [f"entry-{index}" for index in range(count_)]
+    for content_id in content_ids:
+        insert_entry(engine, slug, content_id, f"media-{content_id}")
+    return content_ids
+
+
+def _broken_draft(db, table: str, slug: str, content_id: str) -> None:
+    """A draft revision whose data is not JSON: the snapshot fails (a retryable error)."""
+    with db.engine.begin() as connection:
+        connection.execute(
+            insert(schema.revisions).values(
+                id=f"broken-{content_id}", collection=slug, entry_id=content_id, data="{"
+            )
+        )
+        connection.execute(
+            text(f"UPDATE {table} SET draft_revision_id = :revision WHERE id = :id"),
+            {"revision": f"broken-{content_id}", "id": content_id},
+        )
+
+
+# --- process_due_work -------------------------------------------------------------------------
+
+
+def test_the_item_budget_bounds_one_invocation_and_the_next_one_finishes(db):
+    posts = active_collection(db.engine, "posts")
+    content_ids = _entries(db.engine, "posts", 7)
+
+    first = _run_work_op(db.url, max_items=3, batch_size=2)
+
+    assert _counts(first) == _expected(claimed=3, completed=3)
+    assert first["stopped_by"] == "budget"
+    assert work_count(db.engine) == 4
+    projected = [cid for cid in content_ids if find_source(db.engine, canonical_key(posts, cid))]
+    assert len(projected) == 3
+
+    second = _run_work_op(db.url)
+
+    assert _counts(second) == _expected(claimed=4, completed=4)
+    assert second["stopped_by"] == "nothing_due"
+    assert work_count(db.engine) == 0
+    assert all(find_source(db.engine, canonical_key(posts, cid)) for cid in content_ids)
+    report = verify_index(db.engine)
+    assert not report.has_drift and report.pending_work_count == 0
+
+
+def test_a_spent_time_budget_claims_nothing(db):
+    active_collection(db.engine, "posts")
+    _entries(db.engine, "posts", 2)
+
+    metadata = _run_work_op(db.url, max_seconds=1e-9)
+
+    assert _counts(metadata) == _expected()
+    assert metadata["stopped_by"] == "budget"
+    assert {row["state"] for row in all_rows(db.engine, schema.work)} == {"pending"}
+    assert work_count(db.engine) == 2
+
+
+def test_metadata_counts_every_outcome_and_the_rows_agree(db):
+    posts = active_collection(db.engine, "posts")
+    for content_id in ("entry-ok", "entry-retry", "entry-failed", "entry-sup"):
+        insert_entry(db.engine, "posts", content_id, f"media-{content_id}")
+    _broken_draft(db, posts.table, "posts", "entry-retry")
+    _broken_draft(db, posts.table, "posts", "entry-failed")
+    with db.engine.begin() as connection:
+        connection.execute(
+            update(schema.work)
+            .where(schema.work.c.content_id == "entry-failed")
+            .values(attempt_count=MAX_ATTEMPTS - 1)
+        )
+    # Publishing entry-sup re-enqueues it while this run holds its lease: superseded, and the
+    # redelivered version is completed by the same invocation (its projection is unchanged).
+    row_trigger(
+        db,
+        "test_op_supersede",
+        schema.sources.name,
+        supersede_work_sql("entry-sup"),
+        when="NEW.content_id = 'entry-sup'",
+    )
+    reused = active_collection(db.engine, "reused")
+    insert_entry(db.engine, "reused", "entry-obs")
+    with db.engine.begin() as connection:
+        connection.execute(schema.collections.delete().where(schema.collections.c.id == reused.id))
+        connection.execute(
+            insert(schema.collections).values(id="replacement-id", slug="reused", label="Reused")
+        )
+
+    metadata = _run_work_op(db.url, batch_size=10)
+
+    assert _counts(metadata) == _expected(
+        claimed=6, completed=2, retry=1, failed=1, superseded=1, obsolete=1
+    )
+    assert metadata["stopped_by"] == "nothing_due"
+    retry = work_for(db.engine, "entry-retry")
+    assert (retry["state"], retry["attempt_count"], retry["last_error_code"]) == (
+        "retry",
+        1,
+        "MEDIA_USAGE_SNAPSHOT_FAILED",
+    )
+    failed = work_for(db.engine, "entry-failed")
+    assert (failed["state"], failed["attempt_count"]) == ("failed", MAX_ATTEMPTS)
+    assert work_count(db.engine) == 2
+    assert find_source(db.engine, canonical_key(posts, "entry-ok")) is not None
+    assert find_source(db.engine, canonical_key(posts, "entry-sup")) is not None
+    assert find_source(db.engine, canonical_key(reused, "entry-obs")) is None
+    status = coverage(db.engine, posts)
+    assert (status["status"], status["last_error_code"]) == (
+        "partial",
+        "MEDIA_USAGE_SNAPSHOT_FAILED",
+    )
+
+
+def test_inactive_capture_is_reported_and_nothing_is_claimed(db):
+    active_collection(db.engine, "posts")
+    _entries(db.engine, "posts", 2)
+    set_activation(db.engine, "expanded")
+    before = snapshot(db.engine, [schema.work, schema.sources, schema.occurrences])
+
+    metadata = _run_work_op(db.url)
+
+    assert _counts(metadata) == _expected()
+    assert metadata["stopped_by"] == "inactive"
+    assert snapshot(db.engine, [schema.work, schema.sources, schema.occurrences]) == before
+
+
+def test_a_non_transient_database_error_fails_the_step_without_retries(db):
+    active_collection(db.engine, "posts")
+    _entries(db.engine, "posts", 1)
+    with db.engine.begin() as connection:
+        connection.execute(text("ALTER TABLE _emdash_media_usage_work RENAME TO moved_work"))
+
+    with pytest.raises(dg.Failure) as raised:
+        _run_work_op(db.url)
+
+    assert raised.value.allow_retries is False
+    assert isinstance(raised.value.__cause__, sa_exc.DBAPIError)
+    assert not is_transient_database_error(raised.value.__cause__)
+    assert type(raised.value.__cause__).__name__ in raised.value.description
+
+
+@contextlib.contextmanager
+def _write_lock_held(db, table: str, monkeypatch) -> Iterator[str]:
+    """Another connection holds the write lock on `table`; yields a URL whose connections give
+    up at once instead of waiting (SQLite: busy timeout 0; PostgreSQL: lock_timeout)."""
+    if db.is_postgres:
+        url = make_url(db.url)
+        options = f"{url.query['options']} -clock_timeout=100"
+        impatient = url.update_query_dict({"options": options}).render_as_string(
+            hide_password=False
+        )
+        holder = create_engine(db.url)
+        with holder.connect() as connection:
+            connection.execute(text(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+            yield impatient
+            connection.rollback()
+        holder.dispose()
+        return
+    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 0)
+    holder = sqlite3.connect(make_url(db.url).database, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield db.url
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_locked_database_propagates_unchanged_for_the_retry_policy(db, monkeypatch):
+    active_collection(db.engine, "posts")
+    _entries(db.engine, "posts", 1)
+
+    with (
+        _write_lock_held(db, "_emdash_media_usage_work", monkeypatch) as url,
+        pytest.raises(sa_exc.OperationalError) as raised,
+    ):
+        _run_work_op(url)
+
+    assert is_transient_database_error(raised.value)
+    message = str(raised.value.orig).lower()
+    assert ("lock timeout" in message) if db.is_postgres else ("database is locked" in message)
+    assert work_for(db.engine, "entry-0")["state"] == "pending"
+    assert process_due_work.retry_policy == TRANSIENT_RETRY_POLICY
+    assert TRANSIENT_RETRY_POLICY.max_retries == 3
+
+
+def _transient_error() -> sa_exc.OperationalError:
+    return sa_exc.OperationalError(
+        "UPDATE _emdash_media_usage_work", {}, sqlite3.OperationalError("database is locked")
+    )
+
+
+def _retry_events(result: dg.ExecuteInProcessResult) -> int:
+    return sum(1 for event in result.all_events if event.event_type_value == "STEP_UP_FOR_RETRY")
+
+
+def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, monkeypatch):
+    posts = active_collection(db.engine, "posts")
+    _entries(db.engine, "posts", 3)
+    calls = []
+    real_batch = process_due_batch
+
+    def flaky(engine, batch_size, *args, **kwargs):
+        calls.append(batch_size)
+        if len(calls) == 1:
+            raise _transient_error()
+        return real_batch(engine, batch_size, *args, **kwargs)
+
+    monkeypatch.setattr(work_ops, "process_due_batch", flaky)
+
+    # The project's policy waits seconds between attempts; the same op under an immediate
+    # policy shows the behaviour without the wait.
+    @dg.job(executor_def=dg.in_process_executor)
+    def retried_work():
+        process_due_work.with_retry_policy(dg.RetryPolicy(max_retries=2))()
+
+    with dg.instance_for_test() as instance:
+        result = retried_work.execute_in_process(
+            instance=instance, resources=_resources(db.url), raise_on_error=False
+        )
+        assert result.success and _retry_events(result) == 1
+        assert work_count(db.engine) == 0
+        assert find_source(db.engine, canonical_key(posts, "entry-2")) is not None
+
+        insert_entry(db.engine, "posts", "entry-late")
+
+        def broken(*_args, **_kwargs):
+            calls.append("broken")
+            raise ValueError("a bug, not a busy database")
+
+        monkeypatch.setattr(work_ops, "process_due_batch", broken)
+        result = retried_work.execute_in_process(
+            instance=instance, resources=_resources(db.url), raise_on_error=False
+        )
+        assert not result.success and _retry_events(result) == 0
+        assert calls.count("broken") == 1
+        failure = result.failure_data_for_node("process_due_work")
+        assert "ValueError: a bug, not a busy database" in failure.error.message
+        assert work_for(db.engine, "entry-late")["state"] == "pending"
+
+
+# --- activate_capture -------------------------------------------------------------------------
+
+
+def _run_activation_op(url: str) -> dict:
+    with dg.build_op_context(resources=_resources(url)) as context:
+        outputs = list(activate_capture(context))
+    assert len(outputs) == 1
+    return {key: getattr(value, "value", value) for key, value in outputs[0].metadata.items()}
+
+
+def test_activation_captures_every_collection_then_is_an_idempotent_no_op(db):
+    writer = CmsWriter(db.engine)
+    created = [writer.create_collection(slug, MEDIA_FIELDS) for slug in ("articles", "pages")]
+    assert work_count(db.engine) == 0
+
+    metadata = _run_activation_op(db.url)
+
+    assert metadata["outcome"] == "active"
+    assert metadata["collections_activated"] == 2
+    assert sorted(metadata["collections"].split(", ")) == ["articles", "pages"]
+    assert one(db.engine, schema.activation)["state"] == "active"
+    for collection in created:
+        with db.engine.connect() as connection:
+            identity = CaptureIdentity(collection.id, collection.slug)
+            assert verify_capture_triggers(connection, identity)
+        status = status_row(db.engine, collection.slug)
+        assert (status["capture_state"], status["reconciliation_required"]) == ("active", 1)
+    insert_entry(db.engine, "pages", "entry-1")
+    assert work_for(db.engine, "entry-1")["state"] == "pending"
+
+    again = _run_activation_op(db.url)
+
+    assert (again["outcome"], again["collections_activated"], again["collections"]) == (
+        "active",
+        0,
+        "-",
+    )
+
+
+def test_activation_held_by_another_owner_fails_without_retries(db):
+    CmsWriter(db.engine).create_collection("articles", MEDIA_FIELDS)
+    with db.engine.begin() as connection:
+        token, _row = claim_activation(connection)
+    before = snapshot(db.engine, [schema.activation, schema.index_status])
+
+    with pytest.raises(dg.Failure, match="Another activation holds the lease") as raised:
+        _run_activation_op(db.url)
+
+    assert raised.value.allow_retries is False
+    assert one(db.engine, schema.activation)["lease_token"] == token
+    assert snapshot(db.engine, [schema.activation, schema.index_status]) == before
+
+
+def test_a_failed_activation_step_fails_fast_and_is_recorded(db):
+    CmsWriter(db.engine).create_collection("broken", ())
+    with db.engine.begin() as connection:
+        connection.exec_driver_sql('DROP TABLE "ec_broken"')
+
+    with pytest.raises(dg.Failure, match="ActivationError") as raised:
+        _run_activation_op(db.url)
+
+    assert raised.value.allow_retries is False
+    row = one(db.engine, schema.activation)
+    assert (row["state"], row["lease_token"], row["last_error_code"]) == (
+        "activating",
+        None,
+        "MEDIA_USAGE_ACTIVATION_FAILED",
+    )
+    assert status_row(db.engine, "broken")["capture_state"] is None
+
+
+def test_activation_on_a_locked_database_propagates_for_the_retry_policy(db, monkeypatch):
+    CmsWriter(db.engine).create_collection("articles", MEDIA_FIELDS)
+
+    with (
+        _write_lock_held(db, "_emdash_media_usage_activation", monkeypatch) as url,
+        pytest.raises(sa_exc.OperationalError) as raised,
+    ):
+        _run_activation_op(url)
+
+    assert is_transient_database_error(raised.value)
+    assert activate_capture.retry_policy == TRANSIENT_RETRY_POLICY
+    row = one(db.engine, schema.activation)
+    assert (row["state"], row["lease_token"], row["attempt_count"]) == ("expanded", None, 0)
+
+
+# --- the classification itself ---------------------------------------------------------------
+
+
+def _dbapi(cls, orig: BaseException, **kwargs):
+    return cls("SELECT 1", {}, orig, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (_dbapi(sa_exc.OperationalError, sqlite3.OperationalError("database is locked")), True),
+        (
+            _dbapi(sa_exc.OperationalError, sqlite3.OperationalError("database table is locked")),
+            True,
+        ),
+        (_dbapi(sa_exc.OperationalError, sqlite3.OperationalError("no such table: x")), False),
+        (_dbapi(sa_exc.OperationalError, psycopg.errors.DeadlockDetected("deadlock")), True),
+        (_dbapi(sa_exc.OperationalError, psycopg.errors.SerializationFailure("retry")), True),
+        (_dbapi(sa_exc.OperationalError, psycopg.errors.LockNotAvailable("lock")), True),
+        (_dbapi(sa_exc.OperationalError, psycopg.errors.AdminShutdown("bye")), True),
+        (
+            _dbapi(
+                sa_exc.OperationalError,
+                psycopg.OperationalError("connection refused"),
+                connection_invalidated=True,
+            ),
+            True,
+        ),
+        (_dbapi(sa_exc.OperationalError, psycopg.OperationalError("could not connect")), True),
+        (_dbapi(sa_exc.IntegrityError, psycopg.errors.UniqueViolation("dup")), False),
+        (_dbapi(sa_exc.ProgrammingError, psycopg.errors.UndefinedTable("missing")), False),
+        # The message list applies to operational errors only.
+        (_dbapi(sa_exc.ProgrammingError, sqlite3.ProgrammingError("database is locked")), False),
+        (sa_exc.DisconnectionError("gone"), True),
+        (sa_exc.TimeoutError("pool exhausted"), True),
+        (ValueError("database is locked"), False),
+        (dg.Failure("lost"), False),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else str(value),
+)
+def test_transient_database_errors_are_recognised(error, transient):
+    assert is_transient_database_error(error) is transient
+
+
+def test_the_guard_reraises_transient_errors_and_failures_unchanged():
+    transient = _transient_error()
+    with pytest.raises(sa_exc.OperationalError) as raised, retry_transient_errors_only():
+        raise transient
+    assert raised.value is transient
+
+    failure = dg.Failure("already classified", allow_retries=True)
+    with pytest.raises(dg.Failure) as raised_failure, retry_transient_errors_only():
+        raise failure
+    assert raised_failure.value is failure and failure.allow_retries is True
+
+
+def test_the_guard_turns_everything_else_into_a_final_failure():
+    permanent = _dbapi(sa_exc.IntegrityError, sqlite3.IntegrityError("UNIQUE failed"))
+    with pytest.raises(dg.Failure) as raised, retry_transient_errors_only():
+        raise permanent
+    assert raised.value.allow_retries is False
+    assert raised.value.__cause__ is permanent
+    assert raised.value.description.startswith("IntegrityError: ")
+
+    with pytest.raises(dg.Failure) as raised, retry_transient_errors_only():
+        raise KeyError("missing")
+    assert raised.value.allow_retries is False
+    assert raised.value.description == "KeyError: 'missing'"
+
+
+def test_sensors_run_unless_an_operator_stops_automation(monkeypatch):
+    monkeypatch.delenv("MEDIA_USAGE_AUTOMATION", raising=False)
+    assert common.automation_default_status() is dg.DefaultSensorStatus.RUNNING
+    monkeypatch.setenv("MEDIA_USAGE_AUTOMATION", " Stopped ")
+    assert common.automation_default_status() is dg.DefaultSensorStatus.STOPPED
+    assert common.automation_default_schedule_status() is dg.DefaultScheduleStatus.STOPPED
