@@ -1,5 +1,9 @@
 """Sensors read, ops write: each sensor runs one bounded, indexed query for due rows and asks
-for runs whose run key changes every time a row becomes due again."""
+for runs whose run key changes every time a row becomes due again.
+
+A run in flight for the same row holds the sensor back (load shaping), except when the row is
+due because its lease expired: the run that held it died or stalled, Dagster may not know yet
+(until run monitoring marks it failed), and the database guards make the stale run harmless."""
 
 import hashlib
 
@@ -69,7 +73,10 @@ def media_usage_collection_deletion_sensor(
     requests = []
     for tombstone in due:
         tags = {COLLECTION_ID_TAG: tombstone.collection_id}
-        if runs_in_flight(context.instance, media_usage_collection_deletion.name, tags):
+        lease_expired = tombstone.state == "leased"
+        if not lease_expired and runs_in_flight(
+            context.instance, media_usage_collection_deletion.name, tags
+        ):
             continue
         due_at = (
             tombstone.lease_expires_at if tombstone.state == "leased" else tombstone.next_attempt_at
@@ -116,7 +123,7 @@ def media_usage_work_sensor(
     if earliest is None:
         return dg.SkipReason("no due work")
     in_flight = runs_in_flight(context.instance, media_usage_work.name)
-    if in_flight >= automation.max_work_runs:
+    if in_flight >= automation.max_work_runs and not earliest.lease_expired:
         return dg.SkipReason(f"{in_flight} work runs already queued or running")
     return dg.RunRequest(
         run_key=run_key(
@@ -162,7 +169,9 @@ def media_usage_reconciliation_sensor(
         tags = {COLLECTION_ID_TAG: candidate.collection_id}
         if candidate.collection_slug not in known:
             continue  # its partition is added by this tick; the run is requested on the next
-        if runs_in_flight(context.instance, media_usage_reconciliation.name, tags):
+        if not candidate.lease_expired and runs_in_flight(
+            context.instance, media_usage_reconciliation.name, tags
+        ):
             continue
         requests.append(
             dg.RunRequest(

@@ -24,12 +24,15 @@ from .schema import index_status, reconciliations, work
 
 @dataclass(frozen=True)
 class DueWork:
-    """The earliest due work item: its identity changes whenever the due set moves on."""
+    """The earliest due work item: its identity changes whenever the due set moves on.
+    `lease_expired` says whether any due item is a lease its owner let lapse (a dead or stuck
+    run), whether or not it is the earliest."""
 
     collection_id: str
     content_id: str
     work_version: int
     due_at: str
+    lease_expired: bool = False
 
 
 def _work_due_branch(state: str, column):
@@ -39,6 +42,7 @@ def _work_due_branch(state: str, column):
             work.c.content_id,
             work.c.work_version,
             column.label("due_at"),
+            literal(state).label("state"),
         )
         .where(work.c.state == state, column.is_not(None), is_due(column))
         .order_by(column, work.c.collection_id, work.c.content_id)
@@ -52,18 +56,19 @@ def earliest_due_work(engine: Engine) -> DueWork | None:
         _work_due_branch("retry", work.c.next_attempt_at).subquery("retry_due"),
         _work_due_branch("leased", work.c.lease_expires_at).subquery("lease_expired"),
     ]
-    candidates = union_all(*(select(branch) for branch in branches)).subquery("candidates")
-    statement = (
-        select(candidates)
-        .order_by(candidates.c.due_at, candidates.c.collection_id, candidates.c.content_id)
-        .limit(1)
-    )
+    # At most one row per branch: the earliest of each, so both answers come from one statement.
+    statement = union_all(*(select(branch) for branch in branches))
     with read_transaction(engine) as connection:
-        row = connection.execute(statement).first()
-    return (
-        DueWork(row.collection_id, row.content_id, int(row.work_version), row.due_at)
-        if row
-        else None
+        rows = connection.execute(statement).all()
+    if not rows:
+        return None
+    first = min(rows, key=lambda row: (row.due_at, row.collection_id, row.content_id))
+    return DueWork(
+        first.collection_id,
+        first.content_id,
+        int(first.work_version),
+        first.due_at,
+        lease_expired=any(row.state == "leased" for row in rows),
     )
 
 
@@ -76,6 +81,7 @@ class ReconciliationCandidate:
     collection_slug: str
     run_token: str | None
     generation: str
+    lease_expired: bool = False
 
 
 def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandidate]:
@@ -87,6 +93,7 @@ def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandid
         due.c.collection_slug,
         due.c.run_token,
         (due_at + literal(":") + due.c.updated_at).label("generation"),
+        (due.c.state == "leased").label("lease_expired"),
     )
     status = index_status.alias("status")
     existing = reconciliations.alias("existing")
@@ -98,6 +105,7 @@ def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandid
             (cast(status.c.change_epoch, String) + literal(":") + status.c.updated_at).label(
                 "generation"
             ),
+            literal(False).label("lease_expired"),
         )
         .where(
             is_content_collection_status(status),
