@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Table, func, select, update
+from sqlalchemy import Engine, Table, func, select, text, update
 
 from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec
 from media_usage_orchestration.sample_content import MEDIA_FIELDS
@@ -171,4 +172,23 @@ class recorded_statements:
         event.remove(self.engine, "before_cursor_execute", self._record)
 
 
-__all__ += ["insert_rows", "recorded_statements"]
+def waiter_on_table_lock(engine: Engine, table_name: str, timeout_seconds: float) -> bool:
+    """Poll pg_locks until some backend waits for a lock on the table (False on timeout)."""
+    deadline = time.monotonic() + timeout_seconds
+    with engine.connect() as monitor:
+        while time.monotonic() < deadline:
+            waiting = monitor.execute(
+                text(
+                    "SELECT count(*) FROM pg_locks "
+                    "WHERE NOT granted AND relation = to_regclass(:name)"
+                ),
+                {"name": table_name},
+            ).scalar_one()
+            monitor.rollback()
+            if waiting:
+                return True
+            time.sleep(0.02)
+    return False
+
+
+__all__ += ["insert_rows", "recorded_statements", "waiter_on_table_lock"]

@@ -8,7 +8,9 @@ sensor starts the next run from the checkpoint. An op that must wait releases wi
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import dagster as dg
 from pydantic import Field
@@ -173,22 +175,45 @@ def scan_pages(
     engine = database.engine
 
     def step(claim: ReconciliationClaim) -> StepReport:
-        budget, pages, restarts = _Budget(config.max_pages, config.max_seconds), 0, 0
-        while budget.spend():
-            scanned = processing.scan_page(engine, claim)
-            if scanned is ScanOutcome.EXHAUSTED:
-                return StepReport("exhausted", claim, {"pages": pages, "restarts": restarts})
-            if scanned is ScanOutcome.DEFERRED:
-                raise StepStopped("deferred", pages=pages)
-            if scanned is ScanOutcome.RESTART_REQUIRED:
-                restarts += 1
-                claim = _advanced(processing.restart(engine, claim), "restarted").lease
-            else:
-                pages += 1
-            claim = _renewed(engine, claim, pages=pages)
-        _pause(engine, claim, pages=pages)
+        restarts = 0
+
+        def restart_in_place(claim: ReconciliationClaim) -> ReconciliationClaim:
+            nonlocal restarts
+            restarts += 1
+            return _advanced(processing.restart(engine, claim), "restarted").lease
+
+        claim, pages = _page_until_exhausted(
+            engine, claim, config, processing.scan_page, restart_in_place
+        )
+        return StepReport("exhausted", claim, {"pages": pages, "restarts": restarts})
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+
+
+def _page_until_exhausted(
+    engine: Engine,
+    claim: ReconciliationClaim,
+    budget: PageBudget,
+    page: Callable[[Engine, ReconciliationClaim], ScanOutcome | ReconciliationOutcome],
+    on_restart: Callable[[ReconciliationClaim], ReconciliationClaim],
+) -> tuple[ReconciliationClaim, int]:
+    """Run `page` until the walk is exhausted, renewing the lease after every page; returns
+    the claim and the pages done. A required restart goes to `on_restart`, which returns the
+    claim to go on with (or stops the step); any other outcome but a page stops the step, and
+    so does a spent budget (the row is handed back due at once)."""
+    spent, pages = _Budget(budget.max_pages, budget.max_seconds), 0
+    while spent.spend():
+        paged = page(engine, claim)
+        if paged is ScanOutcome.EXHAUSTED:
+            return claim, pages
+        if paged is ScanOutcome.RESTART_REQUIRED:
+            claim = on_restart(claim)
+        elif paged is ScanOutcome.ADVANCED:
+            pages += 1
+        else:
+            raise StepStopped(paged.value, pages=pages)
+        claim = _renewed(engine, claim, pages=pages)
+    _pause(engine, claim, pages=pages)
 
 
 def _renewed(engine: Engine, claim: ReconciliationClaim, **metadata) -> ReconciliationClaim:
@@ -198,7 +223,7 @@ def _renewed(engine: Engine, claim: ReconciliationClaim, **metadata) -> Reconcil
     return renewed
 
 
-def _pause(engine: Engine, claim: ReconciliationClaim, **metadata) -> None:
+def _pause(engine: Engine, claim: ReconciliationClaim, **metadata) -> NoReturn:
     """Budget spent: hand the row back due at once so the next run continues from here."""
     processing.release(engine, claim, processing.CONTINUE_DELAY_SECONDS)
     raise StepStopped("budget_exhausted", **metadata)
@@ -260,23 +285,19 @@ def scan_sources(
         if entered.restarted:
             _restart_later(engine, entered.claim)
         claim = _advanced(entered, "entered").lease
-        budget, pages = _Budget(config.max_pages, config.max_seconds), 0
-        while budget.spend():
-            paged = processing.source_page(engine, claim)
-            if paged is ScanOutcome.EXHAUSTED:
-                return StepReport("exhausted", claim, {"pages": pages})
-            if paged is ScanOutcome.RESTART_REQUIRED:
-                _restart_later(engine, _advanced(processing.restart(engine, claim), "r").lease)
-            if paged is not ScanOutcome.ADVANCED:
-                raise StepStopped(paged.value, pages=pages)
-            pages += 1
-            claim = _renewed(engine, claim, pages=pages)
-        _pause(engine, claim, pages=pages)
+
+        def restart_later(claim: ReconciliationClaim) -> NoReturn:
+            _restart_later(engine, _advanced(processing.restart(engine, claim), "r").lease)
+
+        claim, pages = _page_until_exhausted(
+            engine, claim, config, processing.source_page, restart_later
+        )
+        return StepReport("exhausted", claim, {"pages": pages})
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
 
 
-def _restart_later(engine: Engine, claim: ReconciliationClaim | None) -> None:
+def _restart_later(engine: Engine, claim: ReconciliationClaim | None) -> NoReturn:
     """The epoch or the fields moved after the scan: the run restarted from a fresh scan, which
     an earlier op of the next run performs; hand the row back due at once."""
     if claim is not None:

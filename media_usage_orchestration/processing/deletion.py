@@ -24,15 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import Connection, Engine, column, delete, literal, select, table
+from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.exc import DBAPIError
 
 from ..cms import CmsError
 from ..store.activation import read_activation
 from ..store.capture_triggers import CaptureIdentity, verify_capture_triggers
 from ..store.deletions import (
-    FTS_TABLE_PREFIX,
-    FTS_TRIGGER_SUFFIXES,
     ROWS_PER_BATCH,
     DeletionClaim,
     DeletionError,
@@ -44,12 +42,15 @@ from ..store.deletions import (
     DeletionRepository,
     GuardAction,
     GuardOutcome,
+    drop_content_table,
     execute_local_deletion_guard,
+    registry_row_exists,
+    table_has_live_content,
 )
-from ..store.engine import is_postgres, read_transaction
-from ..store.identifiers import content_table_name, quote_identifier, validate_identifier
-from ..store.predicates import is_content_collection_status
-from ..store.records import LeaseState
+from ..store.engine import is_missing_table, read_transaction
+from ..store.identifiers import content_table_name, validate_identifier
+from ..store.predicates import is_collection_status_row, is_content_collection_status
+from ..store.records import LeaseState, bounded_limit, require_flag
 from ..store.schema import collections, fields, index_status, occurrences, sources
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ def request_collection_deletion(
 ) -> RequestResult:
     """EmDash's `SchemaRegistry.deleteCollection(slug, {force})`."""
     validate_identifier(collection_slug, "collection slug")
-    force = _flag(force, "force")
+    force = require_flag(force, "force")
     collection_id = registry_id(engine, collection_slug)
     if collection_id is not None and not force and has_live_content(engine, collection_slug):
         raise CollectionHasContentError(collection_slug)
@@ -223,14 +224,14 @@ def delete_activated_collection(
 
     An exception leaves the lease held and unrecorded: after it expires the background
     processor takes the tombstone over and resumes from its checkpointed phase."""
-    if (
-        isinstance(front_phase_limit, bool)
-        or not isinstance(front_phase_limit, int)
-        or not 1 <= front_phase_limit <= REQUEST_FRONT_PHASE_LIMIT
-    ):
-        raise ValueError("Collection deletion front-phase limit must be from 1 to 3")
+    bounded_limit(
+        front_phase_limit,
+        1,
+        REQUEST_FRONT_PHASE_LIMIT,
+        "Collection deletion front-phase limit must be from 1 to 3",
+    )
     validate_identifier(collection_slug, "collection slug")
-    force_delete = _flag(force_delete, "force_delete")
+    force_delete = require_flag(force_delete, "force_delete")
     repository = DeletionRepository(engine)
     deletion = repository.find_by_slug(collection_slug)
     if deletion is not None and collection_id and deletion.collection_id != collection_id:
@@ -553,13 +554,12 @@ def _process_claimed(
 def _delete_legacy_collection(engine: Engine, collection_id: str, collection_slug: str) -> None:
     """Drop the FTS table, the content table, the registry row and fields, the collection's
     sources (by slug) with their occurrences and its status row, in one transaction."""
-    table_name = content_table_name(collection_slug)
+    content_table_name(collection_slug)  # a bad slug fails before any SQL
     with engine.begin() as connection:
         _require_capture_not_activated(connection)
-        if not _registry_matches(connection, collection_id, collection_slug):
+        if not registry_row_exists(connection, collection_id, collection_slug):
             raise CollectionNotFoundError(collection_slug)
-        _drop_fts_table(connection, collection_slug)
-        connection.exec_driver_sql(f"DROP TABLE IF EXISTS {quote_identifier(table_name)}")
+        drop_content_table(connection, collection_slug)
         connection.execute(delete(fields).where(fields.c.collection_id == collection_id))
         connection.execute(delete(collections).where(collections.c.id == collection_id))
         _delete_sources_by_slug(connection, collection_slug)
@@ -592,16 +592,6 @@ def _delete_sources_by_slug(connection: Connection, collection_slug: str) -> Non
     connection.execute(delete(sources).where(*by_slug))
 
 
-def _drop_fts_table(connection: Connection, collection_slug: str) -> None:
-    """EmDash's FTSManager.dropFtsTable: FTS5 exists only on SQLite."""
-    if is_postgres(connection):
-        return
-    fts_table = f"{FTS_TABLE_PREFIX}{validate_identifier(collection_slug, 'collection slug')}"
-    for suffix in FTS_TRIGGER_SUFFIXES:
-        connection.exec_driver_sql(f'DROP TRIGGER IF EXISTS "{fts_table}_{suffix}"')
-    connection.exec_driver_sql(f'DROP TABLE IF EXISTS "{fts_table}"')
-
-
 # --- reads ------------------------------------------------------------------------------------
 
 
@@ -612,22 +602,13 @@ def registry_id(engine: Engine, collection_slug: str) -> str | None:
         ).scalar()
 
 
-def _registry_matches(connection: Connection, collection_id: str, collection_slug: str) -> bool:
-    statement = select(collections.c.id).where(
-        collections.c.id == collection_id, collections.c.slug == collection_slug
-    )
-    return connection.execute(statement).first() is not None
-
-
 def has_live_content(engine: Engine, collection_slug: str) -> bool:
     """Trashed rows (deleted_at set) are not content; a missing table has none."""
     table_name = content_table_name(collection_slug)
     with read_transaction(engine) as connection:
         if not connection.dialect.has_table(connection, table_name):
             return False
-        content = table(table_name, column("deleted_at"))
-        statement = select(literal(1)).select_from(content).where(content.c.deleted_at.is_(None))
-        return connection.execute(statement.limit(1)).first() is not None
+        return table_has_live_content(connection, table_name)
 
 
 def _activation_state(engine: Engine) -> str | None:
@@ -636,24 +617,17 @@ def _activation_state(engine: Engine) -> str | None:
         with read_transaction(engine) as connection:
             row = read_activation(connection)
     except DBAPIError as error:
-        if _is_missing_table(error):
+        if is_missing_table(error):
             return None
         raise
     return row.state if row else None
-
-
-def _is_missing_table(error: DBAPIError) -> bool:
-    original = error.orig
-    return getattr(original, "sqlstate", None) == "42P01" or "no such table" in str(original)
 
 
 def _capture_state(engine: Engine, collection_id: str, collection_slug: str) -> str | None:
     with read_transaction(engine) as connection:
         return connection.execute(
             select(index_status.c.capture_state).where(
-                is_content_collection_status(),
-                index_status.c.scope_key == collection_slug,
-                index_status.c.collection_id == collection_id,
+                is_collection_status_row(collection_id, collection_slug)
             )
         ).scalar()
 
@@ -700,12 +674,6 @@ def _as_lease(lease: LeaseHolder) -> DeletionLease:
     if isinstance(lease, DeletionLease):
         return lease
     raise TypeError("A collection deletion step needs a DeletionLease or a DeletionClaim")
-
-
-def _flag(value: object, label: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{label} must be a boolean")
-    return value
 
 
 def _require(held: bool, message: str) -> None:

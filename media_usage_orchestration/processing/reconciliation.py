@@ -289,6 +289,18 @@ def _restart(
     return ReconciliationOutcome.ADVANCED
 
 
+def _restarted(
+    engine: Engine,
+    repository: ReconciliationRepository,
+    claim: ReconciliationRecord,
+    current: ReconciliationRecord,
+    fields_: _Fields | None = None,
+) -> StepResult:
+    """A step's restart: the fresh scan's claim once restarted, or why it did not."""
+    outcome = _restart(engine, repository, claim, current, fields_)
+    return _step_result(repository, claim, outcome, restarted=True)
+
+
 def _scan_claimed(
     engine: Engine,
     repository: ReconciliationRepository,
@@ -332,12 +344,9 @@ def _enter_sources_claimed(
     repository: ReconciliationRepository, claim: ReconciliationRecord, current: ReconciliationRecord
 ) -> ReconciliationOutcome:
     """After an exhausted scan: wait for every work row, then walk the canonical sources."""
-    barrier = repository.find_work_barrier(claim.collection_id)
-    if barrier.state is WorkBarrierState.FAILED:
-        return _fail_run(repository, claim)
-    if barrier.state is WorkBarrierState.PENDING:
-        _wait(repository, claim)
-        return ReconciliationOutcome.DEFERRED
+    blocked = _blocked_by_work(repository, claim)
+    if blocked is not None:
+        return blocked
     if current.target_epoch is None or current.field_fingerprint is None:
         return ReconciliationOutcome.CLAIM_LOST
     upper = repository.find_source_upper_key(claim, current.target_epoch)
@@ -384,12 +393,9 @@ def _finalize_claimed(
     current: ReconciliationRecord,
     fields_: _Fields,
 ) -> ReconciliationOutcome:
-    barrier = repository.find_work_barrier(claim.collection_id)
-    if barrier.state is WorkBarrierState.FAILED:
-        return _fail_run(repository, claim)
-    if barrier.state is WorkBarrierState.PENDING:
-        _wait(repository, claim)
-        return ReconciliationOutcome.DEFERRED
+    blocked = _blocked_by_work(repository, claim)
+    if blocked is not None:
+        return blocked
     if not repository.finalize_coverage(
         claim, current.target_epoch, fields_.fingerprint, CONTENT_SOURCE_SCHEMA_VERSION
     ):
@@ -397,6 +403,20 @@ def _finalize_claimed(
     if not repository.delete_finalized(claim):
         return ReconciliationOutcome.CLAIM_LOST
     return ReconciliationOutcome.COMPLETED
+
+
+def _blocked_by_work(
+    repository: ReconciliationRepository, claim: ReconciliationRecord
+) -> ReconciliationOutcome | None:
+    """The work barrier: failed work fails the run, pending work makes it wait (30 s); None
+    once no work of the collection remains."""
+    barrier = repository.find_work_barrier(claim.collection_id)
+    if barrier.state is WorkBarrierState.FAILED:
+        return _fail_run(repository, claim)
+    if barrier.state is WorkBarrierState.PENDING:
+        _wait(repository, claim)
+        return ReconciliationOutcome.DEFERRED
+    return None
 
 
 def _fail_run(
@@ -659,8 +679,7 @@ def prepare_run(engine: Engine, claim: ReconciliationClaim) -> StepResult:
         return _step_result(repository, claim, outcome)
     fields_ = _load_fields(engine, claim)
     if _run_moved(repository, claim, current, fields_):
-        outcome = _restart(engine, repository, claim, current, fields_)
-        return _step_result(repository, claim, outcome, restarted=True)
+        return _restarted(engine, repository, claim, current, fields_)
     return StepResult(ReconciliationOutcome.ADVANCED, _as_claim(current))
 
 
@@ -688,8 +707,7 @@ def restart(engine: Engine, claim: ReconciliationClaim) -> StepResult:
     current = _current(repository, claim)
     if current is None:
         return StepResult(ReconciliationOutcome.CLAIM_LOST)
-    outcome = _restart(engine, repository, claim, current)
-    return _step_result(repository, claim, outcome, restarted=True)
+    return _restarted(engine, repository, claim, current)
 
 
 def work_barrier(engine: Engine, claim: ReconciliationRecord) -> WorkBarrier:
@@ -711,8 +729,7 @@ def enter_sources(engine: Engine, claim: ReconciliationClaim) -> StepResult:
         return _hand_back(repository, claim)
     fields_ = _load_fields(engine, claim)
     if _run_moved(repository, claim, current, fields_):
-        outcome = _restart(engine, repository, claim, current, fields_)
-        return _step_result(repository, claim, outcome, restarted=True)
+        return _restarted(engine, repository, claim, current, fields_)
     if repository.find_scan_page(current, 1):
         return _hand_back(repository, claim)
     return _step_result(repository, claim, _enter_sources_claimed(repository, claim, current))
@@ -752,8 +769,7 @@ def finalize(engine: Engine, claim: ReconciliationClaim) -> StepResult:
         return _hand_back(repository, claim)
     fields_ = _load_fields(engine, claim)
     if _run_moved(repository, claim, current, fields_):
-        outcome = _restart(engine, repository, claim, current, fields_)
-        return _step_result(repository, claim, outcome, restarted=True)
+        return _restarted(engine, repository, claim, current, fields_)
     if current.phase is not ReconciliationPhase.SOURCES or repository.find_source_page(current, 1):
         return _hand_back(repository, claim)
     return StepResult(_finalize_claimed(repository, claim, current, fields_))

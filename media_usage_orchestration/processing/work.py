@@ -50,8 +50,9 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from sqlalchemy import Engine
 
@@ -85,6 +86,9 @@ _WORK_ERROR_CODES = {
     RefreshErrorCode.GENERATION_CONFLICT: GENERATION_CONFLICT,
     RefreshErrorCode.RESOURCE_LIMIT: RESOURCE_LIMIT,
 }
+
+
+Result = TypeVar("Result")
 
 
 class WorkOutcome(StrEnum):
@@ -135,6 +139,16 @@ class OutcomeCounts:
             obsolete_count=tally[WorkOutcome.OBSOLETE],
             claim_lost_count=tally[WorkOutcome.CLAIM_LOST],
         )
+
+    def into(self, result_type: type[Result], **fields: object) -> Result:
+        """A `result_type` carrying every count it has a field for; `fields` set the rest
+        (and win over a count of the same name)."""
+        counts = {
+            name: value
+            for name, value in asdict(self).items()
+            if name in result_type.__dataclass_fields__
+        }
+        return result_type(**{**counts, **fields})
 
 
 @dataclass(frozen=True)
@@ -294,15 +308,9 @@ def process_due_work(engine: Engine, clock: Callable[[], float] = time.monotonic
             admission_closed = True
             break
         outcomes.append(process_candidate(engine, candidate))
-    counts = OutcomeCounts.of(outcomes)
-    return WorkTickResult(
+    return OutcomeCounts.of(outcomes).into(
+        WorkTickResult,
         candidate_count=len(candidates),
-        claimed_count=counts.claimed_count,
-        completed_count=counts.completed_count,
-        retry_count=counts.retry_count,
-        failed_count=counts.failed_count,
-        superseded_count=counts.superseded_count,
-        obsolete_count=counts.obsolete_count,
         duration_ms=_elapsed_ms(clock, started),
         admission_closed=admission_closed,
     )
@@ -335,16 +343,9 @@ def process_due_batch(
     outcomes = []
     for group in _by_collection(claimed):
         outcomes.extend(batch.in_bulk(group) if bulk else batch.one_by_one(group))
-    counts = OutcomeCounts.of(outcomes)
-    return WorkBatchResult(
-        claimed_count=len(claimed),
-        completed_count=counts.completed_count,
-        retry_count=counts.retry_count,
-        failed_count=counts.failed_count,
-        superseded_count=counts.superseded_count,
-        obsolete_count=counts.obsolete_count,
-        claim_lost_count=counts.claim_lost_count,
-        duration_ms=_elapsed_ms(clock, started),
+    # Every claimed row counts, claim-lost ones included (they were claimed by this batch).
+    return OutcomeCounts.of(outcomes).into(
+        WorkBatchResult, claimed_count=len(claimed), duration_ms=_elapsed_ms(clock, started)
     )
 
 

@@ -36,38 +36,27 @@ class ActivationRow:
     activated_at: str | None
 
 
-def _this_row():
+def _this_row(row=activation):
     return and_(
-        activation.c.task_key == ACTIVATION_KEY,
-        activation.c.runtime_generation == RUNTIME_GENERATION,
+        row.c.task_key == ACTIVATION_KEY,
+        row.c.runtime_generation == RUNTIME_GENERATION,
     )
 
 
-def _holds_lease(lease_token: str):
+def _holds_lease(lease_token: str, row=activation):
     return and_(
-        _this_row(),
-        activation.c.state == "activating",
-        activation.c.lease_token == lease_token,
-        activation.c.lease_expires_at.is_not(None),
-        lease_live_at_clock(activation.c.lease_expires_at),
+        _this_row(row),
+        row.c.state == "activating",
+        row.c.lease_token == lease_token,
+        row.c.lease_expires_at.is_not(None),
+        lease_live_at_clock(row.c.lease_expires_at),
     )
 
 
 def activation_lease_is_held(lease_token: str):
     """EXISTS predicate other statements use to re-assert the activation lease."""
     holder = activation.alias("activation_lease")
-    return exists(
-        select(literal(1))
-        .select_from(holder)
-        .where(
-            holder.c.task_key == ACTIVATION_KEY,
-            holder.c.state == "activating",
-            holder.c.runtime_generation == RUNTIME_GENERATION,
-            holder.c.lease_token == lease_token,
-            holder.c.lease_expires_at.is_not(None),
-            lease_live_at_clock(holder.c.lease_expires_at),
-        )
-    )
+    return exists(select(literal(1)).select_from(holder).where(_holds_lease(lease_token, holder)))
 
 
 def read_activation(connection: Connection, *, share_lock: bool = False) -> ActivationRow | None:
@@ -139,10 +128,10 @@ def release_batch(connection: Connection, lease_token: str, cursor: str | None) 
     return result.rowcount > 0
 
 
-def _every_collection_active():
+def _has_active_status(registry):
+    """The registry row (`registry`, correlated) has an active status row of its identity."""
     status = index_status.alias("status")
-    registry = collections.alias("collection")
-    inactive = ~exists(
+    return exists(
         select(literal(1))
         .select_from(status)
         .where(
@@ -152,7 +141,11 @@ def _every_collection_active():
             status.c.capture_state == "active",
         )
     )
-    return ~exists(select(literal(1)).select_from(registry).where(inactive))
+
+
+def _every_collection_active():
+    registry = collections.alias("collection")
+    return ~exists(select(literal(1)).select_from(registry).where(~_has_active_status(registry)))
 
 
 def finalize_activation(connection: Connection, lease_token: str, cursor: str | None) -> bool:
@@ -201,20 +194,9 @@ def find_candidates(
 
 
 def find_incomplete_collection(connection: Connection) -> tuple[str, str] | None:
-    status = index_status.alias("status")
-    active = exists(
-        select(literal(1))
-        .select_from(status)
-        .where(
-            is_content_collection_status(status),
-            status.c.scope_key == collections.c.slug,
-            status.c.collection_id == collections.c.id,
-            status.c.capture_state == "active",
-        )
-    )
     row = connection.execute(
         select(collections.c.id, collections.c.slug)
-        .where(~active)
+        .where(~_has_active_status(collections))
         .order_by(collections.c.slug)
         .limit(1)
     ).first()

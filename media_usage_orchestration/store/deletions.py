@@ -24,7 +24,6 @@ from sqlalchemy import (
     Engine,
     Select,
     and_,
-    case,
     column,
     delete,
     exists,
@@ -33,16 +32,15 @@ from sqlalchemy import (
     or_,
     select,
     table,
-    union_all,
     update,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 from ulid import ULID
 
-from .clock import is_due, lease_live_at_clock, now, timestamp_offset, validate_duration
+from .clock import lease_live_at_clock, now, timestamp_offset, validate_duration
 from .cursors import decode_cursor, encode_cursor
-from .engine import is_postgres, read_transaction
+from .engine import is_missing_table, is_postgres, read_transaction
 from .identifiers import (
     content_table_name,
     quote_identifier,
@@ -50,8 +48,17 @@ from .identifiers import (
     validate_error_code,
     validate_identifier,
 )
-from .predicates import is_content_collection_status, registry_identity_is_current
-from .records import LeaseState, bounded_limit, parse_lease_state
+from .predicates import is_collection_status_row, registry_identity_is_current
+from .records import (
+    LeaseState,
+    bounded_limit,
+    due_candidates_statement,
+    is_claimable,
+    is_reopenable_by_operator,
+    parse_choice,
+    parse_lease_state,
+    require_flag,
+)
 from .schema import (
     collection_deletions,
     collections,
@@ -227,23 +234,7 @@ def _lease_identity(lease: LeaseHolder) -> DeletionLease:
 
 
 def _phase(value: object) -> DeletionPhase:
-    try:
-        return DeletionPhase(value)
-    except ValueError:
-        raise ValueError(f"Invalid collection deletion phase: {value!r}") from None
-
-
-def _state_filter(value: object) -> LeaseState:
-    try:
-        return LeaseState(value)
-    except ValueError:
-        raise ValueError(f"Invalid collection deletion state: {value!r}") from None
-
-
-def _flag(value: object, label: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{label} must be a boolean")
-    return value
+    return parse_choice(DeletionPhase, value, "collection deletion phase")
 
 
 def _lease_seconds(value: int) -> int:
@@ -330,35 +321,10 @@ def deletion_lease_is_live(
     return exists(select(deletion.c.collection_id).where(guard))
 
 
-def _due_for_claim() -> ColumnElement[bool]:
-    return or_(
-        and_(
-            _t.c.state.in_([LeaseState.PENDING.value, LeaseState.RETRY.value]),
-            is_due(_t.c.next_attempt_at),
-        ),
-        and_(_t.c.state == LeaseState.LEASED.value, is_due(_t.c.lease_expires_at)),
-    )
-
-
-def _reopenable_by_operator() -> ColumnElement[bool]:
-    return or_(
-        _t.c.state.in_([LeaseState.FAILED.value, LeaseState.RETRY.value]),
-        and_(_t.c.state == LeaseState.LEASED.value, is_due(_t.c.lease_expires_at)),
-    )
-
-
 def _canonical_sources(collection_id: str) -> ColumnElement[bool]:
     # Legacy slug-keyed sources have collection_id NULL, so they never match.
     return and_(
         sources.c.source_type == CONTENT_SOURCE_TYPE, sources.c.collection_id == collection_id
-    )
-
-
-def _collection_status(collection_id: str, collection_slug: str) -> ColumnElement[bool]:
-    return and_(
-        is_content_collection_status(),
-        index_status.c.scope_key == collection_slug,
-        index_status.c.collection_id == collection_id,
     )
 
 
@@ -370,25 +336,7 @@ def find_due_statement(limit: int) -> Select:
     limit = bounded_limit(
         limit, 1, MAX_PAGE_LIMIT, "Collection deletion candidate limit must be from 1 to 100"
     )
-
-    def candidates(name: str, state: LeaseState, due_column):
-        return (
-            select(_t)
-            .where(_t.c.state == state.value, is_due(due_column))
-            .order_by(due_column, _t.c.updated_at, _t.c.collection_id)
-            .limit(limit)
-            .cte(name)
-        )
-
-    pending = candidates("pending_candidates", LeaseState.PENDING, _t.c.next_attempt_at)
-    retry = candidates("retry_candidates", LeaseState.RETRY, _t.c.next_attempt_at)
-    leased = candidates("leased_candidates", LeaseState.LEASED, _t.c.lease_expires_at)
-    merged = union_all(select(pending), select(retry), select(leased)).cte("candidates")
-    due_at = case(
-        (merged.c.state == LeaseState.LEASED.value, merged.c.lease_expires_at),
-        else_=merged.c.next_attempt_at,
-    )
-    return select(merged).order_by(due_at, merged.c.updated_at, merged.c.collection_id).limit(limit)
+    return due_candidates_statement(_t, limit)
 
 
 def _update_deletion(
@@ -429,7 +377,7 @@ def _cleanup_rows_remain(
                 "source_present"
             ),
             exists(
-                select(literal(1)).where(_collection_status(collection_id, collection_slug))
+                select(literal(1)).where(is_collection_status_row(collection_id, collection_slug))
             ).label("status_present"),
         )
     ).one()
@@ -440,7 +388,8 @@ def _cleanup_rows_remain(
     )
 
 
-def _registry_exists(connection: Connection, collection_id: str, collection_slug: str) -> bool:
+def registry_row_exists(connection: Connection, collection_id: str, collection_slug: str) -> bool:
+    """A registry row with exactly (id, slug)."""
     return (
         connection.execute(
             select(collections.c.id).where(
@@ -449,11 +398,6 @@ def _registry_exists(connection: Connection, collection_id: str, collection_slug
         ).first()
         is not None
     )
-
-
-def _is_missing_table(error: DBAPIError) -> bool:
-    original = error.orig
-    return getattr(original, "sqlstate", None) == "42P01" or "no such table" in str(original)
 
 
 def _page_ids(
@@ -482,7 +426,7 @@ class DeletionRepository:
         self, collection_id: str, collection_slug: str, force_delete: bool
     ) -> DeletionRecord:
         collection_id, collection_slug = _identity(collection_id, collection_slug)
-        force_delete = _flag(force_delete, "force_delete")
+        force_delete = require_flag(force_delete, "force_delete")
         try:
             with self.engine.begin() as connection:
                 connection.execute(
@@ -524,7 +468,7 @@ class DeletionRepository:
             row = connection.execute(
                 update(_t)
                 .where(_t.c.collection_id == collection_id, _t.c.phase == phase.value)
-                .where(_due_for_claim())
+                .where(is_claimable(_t))
                 .values(
                     state=LeaseState.LEASED.value,
                     lease_token=lease_token,
@@ -560,7 +504,7 @@ class DeletionRepository:
                     select(_t).where(_t.c.collection_slug == collection_slug)
                 ).first()
         except DBAPIError as error:
-            if _is_missing_table(error):
+            if is_missing_table(error):
                 return None
             raise
         return _to_record(row) if row is not None else None
@@ -585,7 +529,7 @@ class DeletionRepository:
         limit: int = DEFAULT_OPERATOR_LIMIT,
         cursor: str | None = None,
     ) -> DeletionPage:
-        state = _state_filter(state)
+        state = parse_lease_state(state, "collection deletion")
         limit = bounded_limit(
             limit, 1, MAX_PAGE_LIMIT, "Collection deletion operator limit must be from 1 to 100"
         )
@@ -627,7 +571,7 @@ class DeletionRepository:
                 return DeletionRetryResult(RetryOutcome.LEASE_ACTIVE, lease_expires_at=live_expiry)
             reopened = connection.execute(
                 update(_t)
-                .where(_t.c.collection_id == collection_id, _reopenable_by_operator())
+                .where(_t.c.collection_id == collection_id, is_reopenable_by_operator(_t))
                 .values(
                     state=LeaseState.PENDING.value,
                     attempt_count=0,
@@ -702,7 +646,7 @@ class DeletionRepository:
     ) -> bool:
         lease = _lease_identity(lease)
         error_code = validate_error_code(error_code, "Collection deletion error code")
-        terminal = _flag(terminal, "terminal")
+        terminal = require_flag(terminal, "terminal")
         retry_delay_seconds = validate_duration(
             retry_delay_seconds, "Collection deletion retry delay", allow_zero=True
         )
@@ -906,7 +850,8 @@ class DeletionRepository:
             )
             connection.execute(
                 delete(index_status).where(
-                    _collection_status(lease.collection_id, slug), deletion_lease_is_live(lease)
+                    is_collection_status_row(lease.collection_id, slug),
+                    deletion_lease_is_live(lease),
                 )
             )
             _update_deletion(
@@ -924,7 +869,7 @@ class DeletionRepository:
                 )
             if _cleanup_rows_remain(connection, lease.collection_id, slug, include_status=True):
                 raise DeletionCleanupIncomplete("Collection deletion is incomplete")
-            if _registry_exists(connection, lease.collection_id, slug):
+            if registry_row_exists(connection, lease.collection_id, slug):
                 raise DeletionCleanupIncomplete("Collection registry identity still exists")
             result = connection.execute(
                 delete(_t).where(
@@ -944,7 +889,7 @@ def is_slug_deleting(engine: Engine, collection_slug: str) -> bool:
                 select(_t.c.collection_id).where(_t.c.collection_slug == collection_slug)
             ).first()
     except DBAPIError as error:
-        if _is_missing_table(error):
+        if is_missing_table(error):
             return False
         raise
     return row is not None
@@ -966,7 +911,7 @@ def execute_local_deletion_guard(
     action = _guard_action(action)
     collection_id, collection_slug = _identity(collection_id, collection_slug)
     require_text(lease_token, "Collection deletion requires a lease token")
-    force_delete = _flag(force_delete, "force_delete")
+    force_delete = require_flag(force_delete, "force_delete")
     content_table_name(collection_slug)
     lease = DeletionLease(collection_id, lease_token)
     with engine.begin() as connection:
@@ -974,18 +919,12 @@ def execute_local_deletion_guard(
             return GuardOutcome.STALE
         if action is GuardAction.FENCE:
             return _fence_collection(connection, lease, collection_slug, force_delete)
-        _drop_fts_table(connection, collection_slug)
-        connection.exec_driver_sql(
-            f"DROP TABLE IF EXISTS {quote_identifier(content_table_name(collection_slug))}"
-        )
+        drop_content_table(connection, collection_slug)
         return GuardOutcome.DROPPED
 
 
 def _guard_action(value: object) -> GuardAction:
-    try:
-        return GuardAction(value)
-    except ValueError:
-        raise ValueError(f"Invalid collection deletion guard action: {value!r}") from None
+    return parse_choice(GuardAction, value, "collection deletion guard action")
 
 
 def _lock_live_tombstone(
@@ -1012,12 +951,12 @@ def _fence_collection(
         connection.exec_driver_sql(
             f"LOCK TABLE {quote_identifier(table_name)} IN SHARE ROW EXCLUSIVE MODE"
         )
-    if not force_delete and _has_live_content(connection, table_name):
+    if not force_delete and table_has_live_content(connection, table_name):
         return GuardOutcome.HAS_CONTENT
     result = connection.execute(
         update(index_status)
         .where(
-            _collection_status(lease.collection_id, collection_slug),
+            is_collection_status_row(lease.collection_id, collection_slug),
             index_status.c.capture_state == "active",
             registry_identity_is_current(lease.collection_id, collection_slug),
         )
@@ -1026,11 +965,19 @@ def _fence_collection(
     return GuardOutcome.FENCED if result.rowcount == 1 else GuardOutcome.STALE
 
 
-def _has_live_content(connection: Connection, table_name: str) -> bool:
+def table_has_live_content(connection: Connection, table_name: str) -> bool:
     """Trashed rows (deleted_at set) are not content worth keeping."""
     content = table(table_name, column("deleted_at"))
     statement = select(literal(1)).select_from(content).where(content.c.deleted_at.is_(None))
     return connection.execute(statement.limit(1)).first() is not None
+
+
+def drop_content_table(connection: Connection, collection_slug: str) -> None:
+    """Drop the collection's FTS table (with its triggers), then `ec_<slug>`."""
+    _drop_fts_table(connection, collection_slug)
+    connection.exec_driver_sql(
+        f"DROP TABLE IF EXISTS {quote_identifier(content_table_name(collection_slug))}"
+    )
 
 
 def _drop_fts_table(connection: Connection, collection_slug: str) -> None:
@@ -1064,8 +1011,11 @@ __all__ = [
     "OperatorDeletionItem",
     "RetryOutcome",
     "deletion_lease_is_live",
+    "drop_content_table",
     "execute_local_deletion_guard",
     "find_due_statement",
     "holds_deletion_lease",
     "is_slug_deleting",
+    "registry_row_exists",
+    "table_has_live_content",
 ]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DBAPIError
 
 DEFAULT_SQLITE_PATH = Path(".media_usage") / "media_usage.db"
 DATABASE_URL_ENV = "MEDIA_USAGE_DATABASE_URL"
@@ -124,3 +125,9 @@ def read_transaction(engine: Engine) -> Iterator[Connection]:
 
 def is_postgres(bind: Engine | Connection) -> bool:
     return bind.dialect.name == "postgresql"
+
+
+def is_missing_table(error: DBAPIError) -> bool:
+    """The statement failed because a table does not exist (on either dialect)."""
+    original = error.orig
+    return getattr(original, "sqlstate", None) == "42P01" or "no such table" in str(original)

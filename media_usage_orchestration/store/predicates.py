@@ -57,3 +57,14 @@ def no_deletion_tombstone(collection_id: ColumnElement | str) -> ColumnElement[b
 def is_content_collection_status(status=index_status) -> ColumnElement[bool]:
     """The row is the content-media adapter's per-collection status row."""
     return and_(status.c.adapter_id == CONTENT_ADAPTER_ID, status.c.scope_type == COLLECTION_SCOPE)
+
+
+def is_collection_status_row(
+    collection_id: ColumnElement | str, collection_slug: ColumnElement | str
+) -> ColumnElement[bool]:
+    """The content-media status row of exactly this collection identity (id and slug)."""
+    return and_(
+        is_content_collection_status(),
+        index_status.c.scope_key == collection_slug,
+        index_status.c.collection_id == collection_id,
+    )

@@ -8,18 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, String, case, cast, exists, literal, null, select, union_all
+from sqlalchemy import Engine, String, case, cast, literal, null, select, union_all
 
 from .clock import is_due
 from .engine import read_transaction
-from .predicates import (
-    activation_is_active,
-    is_content_collection_status,
-    no_deletion_tombstone,
-    registry_identity_is_current,
-)
-from .reconciliations import find_due_statement
-from .schema import index_status, reconciliations, work
+from .reconciliations import find_due_statement, needs_reconciliation_row
+from .schema import index_status, work
 
 
 @dataclass(frozen=True)
@@ -96,7 +90,6 @@ def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandid
         (due.c.state == "leased").label("lease_expired"),
     )
     status = index_status.alias("status")
-    existing = reconciliations.alias("existing")
     needing = (
         select(
             status.c.collection_id,
@@ -107,20 +100,7 @@ def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandid
             ),
             literal(False).label("lease_expired"),
         )
-        .where(
-            is_content_collection_status(status),
-            status.c.capture_state == "active",
-            status.c.reconciliation_required == 1,
-            status.c.collection_id.is_not(None),
-            registry_identity_is_current(status.c.collection_id, status.c.scope_key),
-            activation_is_active(),
-            ~exists(
-                select(literal(1))
-                .select_from(existing)
-                .where(existing.c.collection_id == status.c.collection_id)
-            ),
-            no_deletion_tombstone(status.c.collection_id),
-        )
+        .where(needs_reconciliation_row(status))
         .order_by(status.c.collection_id)
         .limit(limit)
     )

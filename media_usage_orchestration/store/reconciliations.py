@@ -58,13 +58,12 @@ from sqlalchemy import (
     select,
     table,
     tuple_,
-    union_all,
     update,
 )
 from sqlalchemy.sql.elements import ColumnElement
 from ulid import ULID
 
-from .clock import is_due, lease_live_at_statement, now, timestamp_offset, validate_duration
+from .clock import lease_live_at_statement, now, timestamp_offset, validate_duration
 from .engine import read_transaction
 from .identifiers import content_table_name, require_text, validate_error_code
 from .predicates import (
@@ -73,7 +72,15 @@ from .predicates import (
     no_deletion_tombstone,
     registry_identity_is_current,
 )
-from .records import LeaseState, bounded_limit, non_negative_whole, positive_whole
+from .records import (
+    LeaseState,
+    bounded_limit,
+    due_candidates_statement,
+    is_claimable,
+    is_reopenable_by_operator,
+    non_negative_whole,
+    positive_whole,
+)
 from .schema import dialect_insert, index_status, narrow, reconciliations, sources, work
 
 MAX_CANDIDATES = 100
@@ -357,6 +364,27 @@ def _unowned_status_for_row() -> Any:
     )
 
 
+def needs_reconciliation_row(status) -> ColumnElement[bool]:
+    """The status row (an alias of the status table) is a current, active, undeleted
+    collection's untrusted coverage, and the collection has no coordinator row yet: seeding
+    inserts one for it."""
+    existing = _r.alias("existing")
+    return and_(
+        is_content_collection_status(status),
+        status.c.capture_state == "active",
+        status.c.reconciliation_required == 1,
+        status.c.collection_id.is_not(None),
+        registry_identity_is_current(status.c.collection_id, status.c.scope_key),
+        activation_is_active(),
+        ~exists(
+            select(literal(1))
+            .select_from(existing)
+            .where(existing.c.collection_id == status.c.collection_id)
+        ),
+        no_deletion_tombstone(status.c.collection_id),
+    )
+
+
 _RESET_VALUES: dict[str, Any] = {
     "state": LeaseState.PENDING.value,
     "phase": ReconciliationPhase.SCAN.value,
@@ -384,26 +412,7 @@ def _reset_values() -> dict[str, Any]:
 def find_due_statement(limit: int) -> Select:
     """One statement: due pending, due retry and lease-expired rows, each bounded, then merged
     (the seed's three CTEs, so each branch walks its own index)."""
-    limit = _candidate_limit(limit)
-
-    def candidates(name: str, state: LeaseState, due_column):
-        return (
-            select(_r)
-            .where(_r.c.state == state.value, is_due(due_column))
-            .order_by(due_column, _r.c.updated_at, _r.c.collection_id)
-            .limit(limit)
-            .cte(name)
-        )
-
-    pending = candidates("pending_candidates", LeaseState.PENDING, _r.c.next_attempt_at)
-    retry = candidates("retry_candidates", LeaseState.RETRY, _r.c.next_attempt_at)
-    leased = candidates("leased_candidates", LeaseState.LEASED, _r.c.lease_expires_at)
-    merged = union_all(select(pending), select(retry), select(leased)).cte("candidates")
-    due_at = case(
-        (merged.c.state == LeaseState.LEASED.value, merged.c.lease_expires_at),
-        else_=merged.c.next_attempt_at,
-    )
-    return select(merged).order_by(due_at, merged.c.updated_at, merged.c.collection_id).limit(limit)
+    return due_candidates_statement(_r, _candidate_limit(limit))
 
 
 def seed_next_candidate_statement(
@@ -412,23 +421,9 @@ def seed_next_candidate_statement(
     """INSERT ... SELECT the lowest eligible collection id, ON CONFLICT DO NOTHING; with
     `collection_id`, the same guarded insert for that collection only."""
     status = _s.alias("status")
-    existing = _r.alias("existing")
     candidate = (
         select(status.c.collection_id, status.c.scope_key, literal(run_token), now(), now())
-        .where(
-            is_content_collection_status(status),
-            status.c.capture_state == "active",
-            status.c.reconciliation_required == 1,
-            status.c.collection_id.is_not(None),
-            registry_identity_is_current(status.c.collection_id, status.c.scope_key),
-            activation_is_active(),
-            ~exists(
-                select(literal(1))
-                .select_from(existing)
-                .where(existing.c.collection_id == status.c.collection_id)
-            ),
-            no_deletion_tombstone(status.c.collection_id),
-        )
+        .where(needs_reconciliation_row(status))
         .order_by(status.c.collection_id)
         .limit(1)
     )
@@ -721,20 +716,26 @@ class ReconciliationRepository:
         holds it (a resumed first step keeps its epoch and start time)."""
         _require_claim(claim)
         same_run = and_(_s.c.status == "running", _s.c.cursor == claim.run_token)
+        return self._take_status(claim, same_run, indexed_source_count=0, failed_source_count=0)
+
+    def _take_status(
+        self, claim: ReconciliationRecord, keeps_epoch: ColumnElement[bool], **extra: Any
+    ) -> int | None:
+        """Make the claim's run the running owner of its status; where `keeps_epoch` holds,
+        the epoch and start time stay as they are, otherwise the epoch moves."""
         statement = (
             update(_s)
             .where(_status_is_claim_target(claim))
             .values(
                 status="running",
-                started_at=case((same_run, _s.c.started_at), else_=now()),
+                started_at=case((keeps_epoch, _s.c.started_at), else_=now()),
                 completed_at=None,
                 cursor=claim.run_token,
-                indexed_source_count=0,
-                failed_source_count=0,
                 last_error_code=None,
-                change_epoch=case((same_run, _s.c.change_epoch), else_=_s.c.change_epoch + 1),
+                change_epoch=case((keeps_epoch, _s.c.change_epoch), else_=_s.c.change_epoch + 1),
                 reconciliation_required=1,
                 updated_at=now(),
+                **extra,
             )
             .returning(_s.c.change_epoch)
         )
@@ -749,34 +750,42 @@ class ReconciliationRepository:
         scan_upper_id: str | None,
     ) -> bool:
         _require_claim(claim)
+        return self._start_scan(
+            claim, _r.c.target_epoch.is_(None), target_epoch, field_fingerprint, scan_upper_id
+        )
+
+    def _start_scan(
+        self,
+        claim: ReconciliationRecord,
+        pinned_epoch: ColumnElement[bool],
+        target_epoch: int | str,
+        field_fingerprint: str,
+        scan_upper_id: str | None,
+        **extra: Any,
+    ) -> bool:
+        """Pin the run's epoch, fields and scan bound on the coordinator and start its scan,
+        while the row's current pin matches `pinned_epoch` and the run owns its status."""
         epoch = _epoch(target_epoch)
         require_text(field_fingerprint, "Reconciliation requires a field fingerprint")
         scan_upper_id = _cursor(scan_upper_id, "scan upper id")
         statement = (
             update(_r)
-            .where(
-                _claim_holds_lease(claim),
-                _r.c.target_epoch.is_(None),
-                status_owns_run(claim, epoch),
+            .where(_claim_holds_lease(claim), pinned_epoch, status_owns_run(claim, epoch))
+            .values(
+                target_epoch=epoch,
+                field_fingerprint=field_fingerprint,
+                phase=ReconciliationPhase.SCAN.value,
+                scan_cursor=None,
+                scan_upper_id=scan_upper_id,
+                source_cursor=None,
+                source_upper_key=None,
+                attempt_count=0,
+                last_error_code=None,
+                updated_at=now(),
+                **extra,
             )
-            .values(**self._scan_start(epoch, field_fingerprint, scan_upper_id))
         )
         return self._write(statement)
-
-    @staticmethod
-    def _scan_start(epoch: int, field_fingerprint: str, scan_upper_id: str | None) -> dict:
-        return {
-            "target_epoch": epoch,
-            "field_fingerprint": field_fingerprint,
-            "phase": ReconciliationPhase.SCAN.value,
-            "scan_cursor": None,
-            "scan_upper_id": scan_upper_id,
-            "source_cursor": None,
-            "source_upper_key": None,
-            "attempt_count": 0,
-            "last_error_code": None,
-            "updated_at": now(),
-        }
 
     def checkpoint_scan(
         self,
@@ -821,23 +830,7 @@ class ReconciliationRepository:
             _s.c.cursor == claim.run_token,
             _s.c.change_epoch > previous,
         )
-        statement = (
-            update(_s)
-            .where(_status_is_claim_target(claim))
-            .values(
-                status="running",
-                started_at=case((interrupted, _s.c.started_at), else_=now()),
-                completed_at=None,
-                cursor=claim.run_token,
-                last_error_code=None,
-                change_epoch=case((interrupted, _s.c.change_epoch), else_=_s.c.change_epoch + 1),
-                reconciliation_required=1,
-                updated_at=now(),
-            )
-            .returning(_s.c.change_epoch)
-        )
-        row = self._returning(statement)
-        return int(row.change_epoch) if row is not None else None
+        return self._take_status(claim, interrupted)
 
     def restart_scan(
         self,
@@ -849,22 +842,14 @@ class ReconciliationRepository:
     ) -> bool:
         _require_claim(claim)
         previous = _epoch(previous_epoch, "Reconciliation previous epoch")
-        epoch = _epoch(target_epoch)
-        require_text(field_fingerprint, "Reconciliation requires a field fingerprint")
-        scan_upper_id = _cursor(scan_upper_id, "scan upper id")
-        statement = (
-            update(_r)
-            .where(
-                _claim_holds_lease(claim),
-                _r.c.target_epoch == previous,
-                status_owns_run(claim, epoch),
-            )
-            .values(
-                **self._scan_start(epoch, field_fingerprint, scan_upper_id),
-                next_attempt_at=now(),
-            )
+        return self._start_scan(
+            claim,
+            _r.c.target_epoch == previous,
+            target_epoch,
+            field_fingerprint,
+            scan_upper_id,
+            next_attempt_at=now(),
         )
-        return self._write(statement)
 
     # -- sources ---------------------------------------------------------------------------------
 
@@ -1180,7 +1165,7 @@ class ReconciliationRepository:
             .where(
                 _r.c.collection_id == collection_id,
                 _r.c.run_token == run_token,
-                _claimable(),
+                is_claimable(_r),
                 activation_is_active(),
                 _claimable_status(),
                 no_deletion_tombstone(_r.c.collection_id),
@@ -1405,7 +1390,7 @@ class ReconciliationRepository:
         with self.engine.begin() as connection:
             reopened = connection.execute(
                 update(_r)
-                .where(_r.c.collection_id == collection_id, _reopenable_by_operator())
+                .where(_r.c.collection_id == collection_id, is_reopenable_by_operator(_r))
                 .values(_reset_values())
                 .returning(*_r.c)
             ).first()
@@ -1433,16 +1418,6 @@ class ReconciliationRepository:
 # --- statement pieces used by several methods ---------------------------------------------------
 
 
-def _claimable() -> ColumnElement[bool]:
-    return or_(
-        and_(
-            _r.c.state.in_([LeaseState.PENDING.value, LeaseState.RETRY.value]),
-            is_due(_r.c.next_attempt_at),
-        ),
-        and_(_r.c.state == LeaseState.LEASED.value, is_due(_r.c.lease_expires_at)),
-    )
-
-
 def _claimable_status() -> ColumnElement[bool]:
     """Only a collection whose coverage is untrusted, active and current may be reconciled."""
     status = _s.alias("status")
@@ -1455,13 +1430,6 @@ def _claimable_status() -> ColumnElement[bool]:
             status.c.capture_state == "active",
             status.c.reconciliation_required == 1,
         )
-    )
-
-
-def _reopenable_by_operator() -> ColumnElement[bool]:
-    return or_(
-        _r.c.state.in_([LeaseState.FAILED.value, LeaseState.RETRY.value]),
-        and_(_r.c.state == LeaseState.LEASED.value, is_due(_r.c.lease_expires_at)),
     )
 
 
@@ -1544,6 +1512,7 @@ __all__: Sequence[str] = (
     "delete_one_obsolete_statement",
     "find_due_statement",
     "live_claim_exists",
+    "needs_reconciliation_row",
     "seed_next_candidate_statement",
     "status_owns_run",
 )

@@ -9,6 +9,7 @@ whether content writes are accepted, `change_epoch` orders every captured change
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -28,7 +29,7 @@ from sqlalchemy import (
 from .activation import RUNTIME_GENERATION, activation_lease_is_held
 from .clock import now
 from .identifiers import validate_error_code
-from .predicates import is_content_collection_status, registry_identity_is_current
+from .predicates import is_collection_status_row, registry_identity_is_current
 from .schema import (
     ACTIVATION_KEY,
     COLLECTION_SCOPE,
@@ -47,14 +48,6 @@ class LifecycleConflictError(RuntimeError):
     """The status row belongs to another collection identity or lifecycle."""
 
 
-def _row(collection_id: str, slug: str):
-    return and_(
-        is_content_collection_status(),
-        index_status.c.scope_key == slug,
-        index_status.c.collection_id == collection_id,
-    )
-
-
 def _activation_active():
     return exists(
         select(literal(1))
@@ -67,6 +60,15 @@ def _activation_active():
     )
 
 
+def _active_bound_row(collection_id: str, slug: str):
+    """The collection's status row, capture active, its registry identity current."""
+    return and_(
+        is_collection_status_row(collection_id, slug),
+        index_status.c.capture_state == "active",
+        registry_identity_is_current(collection_id, slug),
+    )
+
+
 def prepare_for_activation(
     connection: Connection, collection_id: str, slug: str, lease_token: str
 ) -> None:
@@ -76,16 +78,7 @@ def prepare_for_activation(
     were never recorded, so only a full reconciliation can trust the index again.
     """
     was_trusted = index_status.c.status.in_(("complete", "running"))
-    statement = dialect_insert(connection, index_status).values(
-        adapter_id=CONTENT_ADAPTER_ID,
-        scope_type=COLLECTION_SCOPE,
-        scope_key=slug,
-        status="never",
-        collection_id=collection_id,
-        reconciliation_required=1,
-        capture_state="installing",
-        updated_at=now(),
-    )
+    statement = _insert_installing(connection, collection_id, slug)
     statement = statement.on_conflict_do_update(
         index_elements=["adapter_id", "scope_type", "scope_key"],
         set_={
@@ -117,7 +110,7 @@ def activate_for_activation(
     result = connection.execute(
         update(index_status)
         .where(
-            _row(collection_id, slug),
+            is_collection_status_row(collection_id, slug),
             index_status.c.capture_state == "installing",
             registry_identity_is_current(collection_id, slug),
             activation_lease_is_held(lease_token),
@@ -132,81 +125,81 @@ def insert_installing_for_new_collection(
 ) -> None:
     """A collection created after activation starts fenced: `installing`, untrusted, `never`."""
     connection.execute(
-        dialect_insert(connection, index_status).values(
-            adapter_id=CONTENT_ADAPTER_ID,
-            scope_type=COLLECTION_SCOPE,
-            scope_key=slug,
-            status="never",
-            collection_id=collection_id,
-            reconciliation_required=1,
-            capture_state="installing",
-            cursor=creation_fingerprint,
-            updated_at=now(),
-        )
+        _insert_installing(connection, collection_id, slug, cursor=creation_fingerprint)
+    )
+
+
+def _insert_installing(connection: Connection, collection_id: str, slug: str, **extra: Any):
+    """INSERT of a collection's status row as never reconciled, untrusted and `installing`."""
+    return dialect_insert(connection, index_status).values(
+        adapter_id=CONTENT_ADAPTER_ID,
+        scope_type=COLLECTION_SCOPE,
+        scope_key=slug,
+        status="never",
+        collection_id=collection_id,
+        reconciliation_required=1,
+        capture_state="installing",
+        updated_at=now(),
+        **extra,
     )
 
 
 def mark_capture_ready(connection: Connection, collection_id: str, slug: str) -> None:
-    result = connection.execute(
-        update(index_status)
-        .where(
-            _row(collection_id, slug),
+    _update_fenced(
+        connection,
+        "Media usage collection readiness lost its fence",
+        [
+            is_collection_status_row(collection_id, slug),
             index_status.c.capture_state.in_(("installing", "ready")),
             _activation_active(),
-        )
-        .values(capture_state="ready", updated_at=now())
+        ],
+        capture_state="ready",
+        updated_at=now(),
     )
-    if result.rowcount == 0:
-        raise LifecycleConflictError("Media usage collection readiness lost its fence")
 
 
 def finalize_collection_capture(connection: Connection, collection_id: str, slug: str) -> None:
-    result = connection.execute(
-        update(index_status)
-        .where(
-            _row(collection_id, slug),
+    _update_fenced(
+        connection,
+        "Media usage collection activation lost its fence",
+        [
+            is_collection_status_row(collection_id, slug),
             index_status.c.capture_state == "ready",
             registry_identity_is_current(collection_id, slug),
             _activation_active(),
-        )
-        .values(capture_state="active", cursor=None, updated_at=now())
+        ],
+        capture_state="active",
+        cursor=None,
+        updated_at=now(),
     )
-    if result.rowcount == 0:
-        raise LifecycleConflictError("Media usage collection activation lost its fence")
 
 
 def invalidate_for_schema_change(connection: Connection, collection_id: str, slug: str) -> None:
     """A field change while capture is active: coverage is untrusted until reconciled."""
-    result = connection.execute(
-        update(index_status)
-        .where(
-            _row(collection_id, slug),
-            index_status.c.capture_state == "active",
-            registry_identity_is_current(collection_id, slug),
-        )
-        .values(
-            change_epoch=index_status.c.change_epoch + 1,
-            status="stale",
-            completed_at=None,
-            cursor=None,
-            last_error_code=STALE_CODE,
-            reconciliation_required=1,
-            updated_at=now(),
-        )
+    _update_fenced(
+        connection,
+        "Media usage coverage invalidation lost its fence",
+        [_active_bound_row(collection_id, slug)],
+        change_epoch=index_status.c.change_epoch + 1,
+        status="stale",
+        completed_at=None,
+        cursor=None,
+        last_error_code=STALE_CODE,
+        reconciliation_required=1,
+        updated_at=now(),
     )
+
+
+def _update_fenced(
+    connection: Connection, lost_message: str, guards: list[Any], **values: Any
+) -> None:
+    """A lifecycle transition of the status row; no row updated means its fence was lost."""
+    result = connection.execute(update(index_status).where(*guards).values(**values))
     if result.rowcount == 0:
-        raise LifecycleConflictError("Media usage coverage invalidation lost its fence")
+        raise LifecycleConflictError(lost_message)
 
 
 # --- incremental work outcomes (spec 5.7) -----------------------------------------------------
-
-
-def _active_bound_row(collection_id: str, slug: str):
-    return and_(
-        _row(collection_id, slug),
-        index_status.c.capture_state == "active",
-        registry_identity_is_current(collection_id, slug),
-    )
 
 
 def record_incremental_success(connection: Connection, collection_id: str, slug: str) -> bool:
@@ -290,7 +283,7 @@ def record_incremental_failure(
     result = connection.execute(
         update(index_status)
         .where(
-            _row(collection_id, slug),
+            is_collection_status_row(collection_id, slug),
             exists(
                 select(literal(1))
                 .select_from(failed_work)

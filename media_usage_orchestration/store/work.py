@@ -621,6 +621,27 @@ def _due_branch(
     return branch
 
 
+def _new_work_row(collection_id, collection_slug, content_id, change_epoch) -> tuple:
+    """A new work row in `_WORK_COLUMNS` order: version 1, pending, no attempt yet, due now,
+    no lease."""
+    return (
+        collection_id,
+        collection_slug,
+        content_id,
+        change_epoch,
+        literal(1, BigInteger),
+        literal(_PENDING, String),
+        literal(0, Integer),
+        now(),
+        null(),
+        null(),
+        null(),
+        null(),
+        now(),
+        now(),
+    )
+
+
 @functools.lru_cache(maxsize=4)
 def _enqueue_statement(dialect_name: str):
     """`enqueue_reconciliation_page`'s upsert, built once per dialect: the page's ids travel
@@ -639,22 +660,7 @@ def _enqueue_statement(dialect_name: str):
     )
     page = _PAGE_ROWS.relation(dialect_name)
     source = (
-        select(
-            collection_id,
-            collection_slug,
-            page.c.content_id,
-            epoch,
-            literal(1, BigInteger),
-            literal(_PENDING, String),
-            literal(0, Integer),
-            now(),
-            null(),
-            null(),
-            null(),
-            null(),
-            now(),
-            now(),
-        )
+        select(*_new_work_row(collection_id, collection_slug, page.c.content_id, epoch))
         .select_from(page)
         # Also the WHERE SQLite needs to parse INSERT ... SELECT ... ON CONFLICT.
         .where(owns_page)
@@ -966,20 +972,12 @@ class WorkRepository:
         collection = collections.alias("collection")
         source = (
             select(
-                literal(collection_id, String),
-                collection.c.slug,
-                literal(content_id, String),
-                status.c.change_epoch,
-                literal(1, BigInteger),
-                literal(_PENDING, String),
-                literal(0, Integer),
-                now(),
-                null(),
-                null(),
-                null(),
-                null(),
-                now(),
-                now(),
+                *_new_work_row(
+                    literal(collection_id, String),
+                    collection.c.slug,
+                    literal(content_id, String),
+                    status.c.change_epoch,
+                )
             )
             .select_from(status.join(collection, _status_joins_registry(status, collection)))
             .where(

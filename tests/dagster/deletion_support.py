@@ -15,11 +15,11 @@ from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
     request_collection_deletion,
 )
-from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors import media_usage_collection_deletion_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.deletions import DeletionLease
+from tests.dagster.sensor_loop import plain, resources
 from tests.support import snapshot
 
 DELETION_JOB = defs.resolve_job_def(media_usage_collection_deletion.name)
@@ -28,14 +28,6 @@ COLLECTION_ID_TAG = "media_usage/collection_id"
 OUTCOME_TAG = "media_usage/outcome"
 RUN_KEY_TAG = "dagster/run_key"
 FAILED_CODE = "MEDIA_USAGE_COLLECTION_DELETION_FAILED"
-
-
-def resources(db) -> dict[str, Any]:
-    return {"database": MediaUsageDatabase(url=db.url), "automation": MediaUsageAutomation()}
-
-
-def plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: getattr(value, "value", value) for key, value in metadata.items()}
 
 
 # --- ops, called directly ----------------------------------------------------------------------

@@ -23,13 +23,12 @@ from media_usage_orchestration.jobs import (
 )
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.resources.automation import MediaUsageAutomation
-from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.activation import read_activation
 from media_usage_orchestration.store.reconciliations import ReconciliationClaim
+from tests.dagster.sensor_loop import plain, resources
 from tests.support import count, one, status_row
 
 RECONCILIATION_JOB = defs.resolve_job_def(media_usage_reconciliation.name)
@@ -50,14 +49,6 @@ OUTCOME_TAG = "media_usage/outcome"
 RUN_KEY_TAG = "dagster/run_key"
 PARTITION_TAG = "dagster/partition"
 FAILED_CODE = "MEDIA_USAGE_RECONCILIATION_FAILED"
-
-
-def resources(db) -> dict[str, Any]:
-    return {"database": MediaUsageDatabase(url=db.url), "automation": MediaUsageAutomation()}
-
-
-def plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: getattr(value, "value", value) for key, value in metadata.items()}
 
 
 # --- content -----------------------------------------------------------------------------------

@@ -34,6 +34,16 @@ def resources_for(url: str, **automation: Any) -> dict[str, Any]:
     }
 
 
+def resources(db) -> dict[str, Any]:
+    """The project's resources for a test database, automation at its defaults."""
+    return resources_for(db.url)
+
+
+def plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Dagster metadata as plain values."""
+    return {key: getattr(value, "value", value) for key, value in metadata.items()}
+
+
 def evaluate(
     sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: Mapping[str, Any]
 ):
@@ -84,10 +94,7 @@ def output_metadata(
     """The metadata an op attached to one of its outputs, as plain values."""
     for event in result.events_for_node(node):
         if event.is_successful_output and event.step_output_data.output_name == output_name:
-            return {
-                key: getattr(value, "value", value)
-                for key, value in event.step_output_data.metadata.items()
-            }
+            return plain(event.step_output_data.metadata)
     raise AssertionError(f"{node} emitted no {output_name!r} output")
 
 

@@ -9,7 +9,6 @@ from dataclasses import replace
 import dagster as dg
 import pytest
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import update
 
 from media_usage_orchestration.ops import reconciliation as reconciliation_ops
 from media_usage_orchestration.ops.maintenance import (
@@ -45,6 +44,7 @@ from tests.processing.reconciliation_helpers import (
     entry_ids,
     expire_lease,
     make_due,
+    mark_failed,
     untrusted_collection,
     work_rows,
 )
@@ -604,21 +604,6 @@ def test_a_re_execution_never_takes_a_live_lease(db, instance, articles):
 # --- maintenance ------------------------------------------------------------------------------
 
 
-def _mark_failed(db, collection, target_epoch) -> None:
-    with db.engine.begin() as connection:
-        connection.execute(
-            update(schema.reconciliations)
-            .where(schema.reconciliations.c.collection_id == collection.id)
-            .values(
-                state="failed",
-                target_epoch=target_epoch,
-                lease_token=None,
-                lease_expires_at=None,
-                last_error_code=FAILED_CODE,
-            )
-        )
-
-
 def test_settle_and_seed_settles_every_coordinator_and_seeds_every_candidate(db, instance):
     names = ("obsolete", "published", "reset", "fresh_a", "fresh_b")
     collections = {name: untrusted_collection(db.engine, name, ["entry-1"]) for name in names}
@@ -629,8 +614,8 @@ def test_settle_and_seed_settles_every_coordinator_and_seeds_every_candidate(db,
     published = processing.prepare_run(
         db.engine, claim_collection(db.engine, collections["published"].id).claim
     )
-    _mark_failed(db, collections["published"], published.claim.target_epoch)
-    _mark_failed(db, collections["reset"], target_epoch=0)
+    mark_failed(db.engine, collections["published"], published.claim.target_epoch)
+    mark_failed(db.engine, collections["reset"], target_epoch=0)
     set_status(db.engine, "reset", change_epoch=2)
 
     result = invoke(settle_and_seed_reconciliations, db, instance)

@@ -24,11 +24,16 @@ NON_STATEMENTS = ("BEGIN", "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
 
 
 def active_collection(
-    engine: Engine, slug: str, fields: Sequence[FieldSpec] = IMAGE_ONLY
+    engine: Engine,
+    slug: str,
+    fields: Sequence[FieldSpec] = IMAGE_ONLY,
+    *,
+    collection_id: str | None = None,
 ) -> Collection:
-    """Capture active, the collection captured by triggers, and coverage trusted `complete`."""
+    """Capture active, the collection captured by triggers, and coverage trusted `complete`.
+    A fixed `collection_id` lets two databases hold the same source keys."""
     set_activation(engine, "active")
-    collection = CmsWriter(engine).create_collection(slug, fields)
+    collection = CmsWriter(engine).create_collection(slug, fields, collection_id=collection_id)
     set_status(
         engine,
         slug,

@@ -108,6 +108,22 @@ def expire_lease(engine, collection: Collection) -> None:
     backdate(engine, schema.reconciliations, "lease_expires_at", 1, collection_id=collection.id)
 
 
+def mark_failed(engine, collection: Collection, target_epoch: int | None) -> None:
+    """The coordinator as a terminal failure recorded at `target_epoch` leaves it."""
+    with engine.begin() as connection:
+        connection.execute(
+            schema.reconciliations.update()
+            .where(schema.reconciliations.c.collection_id == collection.id)
+            .values(
+                state="failed",
+                target_epoch=target_epoch,
+                lease_token=None,
+                lease_expires_at=None,
+                last_error_code="MEDIA_USAGE_RECONCILIATION_FAILED",
+            )
+        )
+
+
 def work_rows(engine, collection: Collection) -> dict[str, dict[str, Any]]:
     rows = all_rows(engine, schema.work, collection_id=collection.id)
     return {row["content_id"]: row for row in rows}

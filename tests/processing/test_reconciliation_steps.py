@@ -48,6 +48,7 @@ from tests.processing.reconciliation_helpers import (
     expire_lease,
     image_entry,
     make_due,
+    mark_failed,
     source_rows,
     untrusted_collection,
     work_rows,
@@ -611,10 +612,10 @@ def test_settle_deletes_obsolete_settles_failed_pins_stuck_and_seeds(db):
         assert repository.seed_collection(collections[name].id)
     set_status(db.engine, "obsolete", status="complete", reconciliation_required=0)
     published = prepared(db, collections["published"])
-    _mark_failed(db, collections["published"], target_epoch=published.target_epoch)
-    _mark_failed(db, collections["reset"], target_epoch=0)
+    mark_failed(db.engine, collections["published"], target_epoch=published.target_epoch)
+    mark_failed(db.engine, collections["reset"], target_epoch=0)
     set_status(db.engine, "reset", change_epoch=2)
-    _mark_failed(db, collections["stuck"], target_epoch=None)
+    mark_failed(db.engine, collections["stuck"], target_epoch=None)
 
     settled = settle_reconciliations(db.engine)
 
@@ -633,21 +634,6 @@ def test_settle_deletes_obsolete_settles_failed_pins_stuck_and_seeds(db):
     for name in ("fresh_a", "fresh_b"):
         assert coordinator(db.engine, collections[name])["state"] == "pending"
     assert settle_reconciliations(db.engine).counts == dict.fromkeys(settled.counts, 0)
-
-
-def _mark_failed(db, collection, target_epoch) -> None:
-    with db.engine.begin() as connection:
-        connection.execute(
-            schema.reconciliations.update()
-            .where(schema.reconciliations.c.collection_id == collection.id)
-            .values(
-                state="failed",
-                target_epoch=target_epoch,
-                lease_token=None,
-                lease_expires_at=None,
-                last_error_code="MEDIA_USAGE_RECONCILIATION_FAILED",
-            )
-        )
 
 
 def test_settle_is_inert_while_capture_is_inactive(db):

@@ -34,7 +34,7 @@ from tests.processing.projection_helpers import (
     work_count,
     work_for,
 )
-from tests.support import backdate, recorded_statements, set_activation, set_status
+from tests.support import backdate, recorded_statements
 
 POSTS_ID = "01J0POSTS0000000000000000A"
 PAGES_ID = "01J0PAGES0000000000000000B"
@@ -103,7 +103,7 @@ def build_mixed_batch(database: TestDatabase) -> None:
     """Entries in every state a claimed batch can hold, their jobs due in `BATCH_ORDER`."""
     engine = database.engine
     writer = CmsWriter(engine)
-    active_collection_with_id(engine, "posts", POSTS_ID)
+    active_collection(engine, "posts", FIELDS, collection_id=POSTS_ID)
     for content_id in ("unchanged-1", "unchanged-2", "edited-1", "edited-2", "deleted-1"):
         insert_entry(engine, "posts", content_id, f"media-{content_id}")
     for content_id in ("trashed-1", "draft-1", "draft-gone-1", "broken-draft-1"):
@@ -133,7 +133,7 @@ def build_mixed_batch(database: TestDatabase) -> None:
             )
     insert_measured_entry(engine, "posts", "oversized-1", 13)
 
-    active_collection_with_id(engine, "pages", PAGES_ID)
+    active_collection(engine, "pages", FIELDS, collection_id=PAGES_ID)
     for content_id in ("page-1", "page-2"):
         insert_entry(engine, "pages", content_id, f"media-{content_id}")
     # Publishing new-1 re-enqueues new-4 (claimed, not yet acknowledged); publishing new-2
@@ -153,19 +153,6 @@ def build_mixed_batch(database: TestDatabase) -> None:
         when="NEW.content_id = 'new-2'",
     )
     schedule(engine, BATCH_ORDER)
-
-
-def active_collection_with_id(engine, slug: str, collection_id: str) -> None:
-    """`active_collection` with a fixed id, so two databases hold the same source keys."""
-    set_activation(engine, "active")
-    CmsWriter(engine).create_collection(slug, FIELDS, collection_id=collection_id)
-    set_status(
-        engine,
-        slug,
-        status="complete",
-        completed_at="2026-08-01T00:00:00.000Z",
-        reconciliation_required=0,
-    )
 
 
 def schedule(engine, order) -> None:

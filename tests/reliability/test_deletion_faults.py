@@ -16,7 +16,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from sqlalchemy import event, exc, insert, select, text
+from sqlalchemy import event, exc, insert, select
 from sqlalchemy.engine import Engine
 
 from media_usage_orchestration.cms import CmsWriter
@@ -42,7 +42,16 @@ from tests.dagster.deletion_support import (
     tick,
 )
 from tests.store.deletion_helpers import add_source, claimed, expire_lease, ids
-from tests.support import IMAGE_ONLY, all_rows, count, db_now, one, snapshot, status_row
+from tests.support import (
+    IMAGE_ONLY,
+    all_rows,
+    count,
+    db_now,
+    one,
+    snapshot,
+    status_row,
+    waiter_on_table_lock,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -218,25 +227,6 @@ def _require_postgres(db):
         pytest.skip("two writers interleave only on PostgreSQL; SQLite serializes them")
 
 
-def _waiting_on(db, table_name="ec_posts") -> bool:
-    """Poll pg_locks until some backend waits for a lock on the table."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    with db.engine.connect() as monitor:
-        while time.monotonic() < deadline:
-            waiting = monitor.execute(
-                text(
-                    "SELECT count(*) FROM pg_locks "
-                    "WHERE NOT granted AND relation = to_regclass(:name)"
-                ),
-                {"name": table_name},
-            ).scalar_one()
-            monitor.rollback()
-            if waiting:
-                return True
-            time.sleep(0.02)
-    return False
-
-
 def _drain(db, instance):
     runs = []
     for _ in range(5):
@@ -288,7 +278,9 @@ def test_an_insert_committed_while_the_fence_waits_refuses_a_non_forced_deletion
         # The request's own has-content check cannot see the uncommitted row; the fence's
         # table lock waits for the writer and then sees it.
         requesting = pool.submit(run_request_job, db, instance, "posts")
-        assert _waiting_on(db), "the fence did not wait for the open insert"
+        assert waiter_on_table_lock(db.engine, "ec_posts", WAIT_SECONDS), (
+            "the fence did not wait for the open insert"
+        )
         assert not requesting.done()
         writer.commit()
         result = requesting.result(timeout=WAIT_SECONDS)
@@ -339,7 +331,9 @@ def test_an_insert_waiting_on_the_fence_is_rejected_once_it_commits(activated, i
             requesting = pool.submit(run_request_job, db, instance, "posts")
             assert locked.wait(WAIT_SECONDS), "the fence never locked the content table"
             inserting = pool.submit(insert_entry)
-            assert _waiting_on(db), "the insert did not wait for the fence"
+            assert waiter_on_table_lock(db.engine, "ec_posts", WAIT_SECONDS), (
+                "the insert did not wait for the fence"
+            )
             assert not inserting.done()
             proceed.set()
             rejection = inserting.result(timeout=WAIT_SECONDS)

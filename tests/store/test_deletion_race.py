@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from sqlalchemy import event, insert, text
+from sqlalchemy import event, insert
 
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.deletions import (
@@ -17,7 +16,7 @@ from media_usage_orchestration.store.deletions import (
     execute_local_deletion_guard,
 )
 from tests.store.deletion_helpers import LEASE_SECONDS, claimed, tombstone
-from tests.support import make_collection, one, status_row
+from tests.support import make_collection, one, status_row, waiter_on_table_lock
 
 pytestmark = pytest.mark.slow
 
@@ -53,25 +52,6 @@ def _content_row(entry_id):
     return {"id": entry_id, "slug": entry_id, "locale": "en", "title": "racing"}
 
 
-def _waiting_on_content_table(db, table_name="ec_posts"):
-    """Poll pg_locks until some backend waits for a lock on the table."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    with db.engine.connect() as monitor:
-        while time.monotonic() < deadline:
-            waiting = monitor.execute(
-                text(
-                    "SELECT count(*) FROM pg_locks "
-                    "WHERE NOT granted AND relation = to_regclass(:name)"
-                ),
-                {"name": table_name},
-            ).scalar_one()
-            monitor.rollback()
-            if waiting:
-                return True
-            time.sleep(0.02)
-    return False
-
-
 def _fence(db, claim):
     return execute_local_deletion_guard(
         db.engine, "fence", claim.collection_id, claim.collection_slug, claim.lease_token
@@ -88,7 +68,9 @@ def test_fence_waits_for_an_open_content_insert_then_sees_it(db):
     with ThreadPoolExecutor(1) as pool, db.engine.connect() as writer:
         writer.execute(insert(content).values(**_content_row("entry-1")))
         fencing = pool.submit(_fence, db, claim)
-        assert _waiting_on_content_table(db), "the fence did not wait for the open insert"
+        assert waiter_on_table_lock(db.engine, "ec_posts", WAIT_SECONDS), (
+            "the fence did not wait for the open insert"
+        )
         assert not fencing.done()
         writer.commit()
         outcome = fencing.result(timeout=WAIT_SECONDS)
@@ -120,7 +102,9 @@ def test_an_insert_after_the_fence_lock_waits_until_the_fence_commits(db):
             fencing = pool.submit(_fence, db, claim)
             assert locked.wait(WAIT_SECONDS)
             inserting = pool.submit(insert_entry)
-            assert _waiting_on_content_table(db), "the insert did not wait for the fence"
+            assert waiter_on_table_lock(db.engine, "ec_posts", WAIT_SECONDS), (
+                "the insert did not wait for the fence"
+            )
             assert not inserting.done()
             proceed.set()
             assert fencing.result(timeout=WAIT_SECONDS) is GuardOutcome.FENCED
