@@ -15,6 +15,11 @@ from .ops.deletion import (
     request_deletion,
 )
 from .ops.maintenance import settle_and_seed_reconciliations, sync_collection_partitions
+from .ops.operator import (
+    reopen_collection_deletion,
+    reopen_failed_work,
+    reopen_reconciliation,
+)
 from .ops.reconciliation import (
     claim_reconciliation,
     drain_collection_work,
@@ -107,3 +112,33 @@ def media_usage_reconciliation():
 def media_usage_maintenance():
     settle_and_seed_reconciliations()
     sync_collection_partitions()
+
+
+def _operator_job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDefinition:
+    @dg.job(
+        name=name,
+        description=description,
+        executor_def=dg.in_process_executor,
+        tags={"media_usage/workflow": "operator"},
+    )
+    def _job():
+        op()
+
+    return _job
+
+
+retry_failed_work_job = _operator_job(
+    "retry_failed_work",
+    reopen_failed_work,
+    "Operator action: reopen a collection's failed work (all of it, or the given entries).",
+)
+retry_collection_deletion_job = _operator_job(
+    "retry_collection_deletion",
+    reopen_collection_deletion,
+    "Operator action: reopen a failed or stalled collection deletion in its phase.",
+)
+retry_reconciliation_job = _operator_job(
+    "retry_reconciliation",
+    reopen_reconciliation,
+    "Operator action: reopen a collection's failed reconciliation as a fresh scan.",
+)
