@@ -104,6 +104,10 @@ def _create_sqlite_engine(url: URL, **engine_options) -> Engine:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        # A 16 MiB page cache keeps the sources/occurrences indexes warm during bulk projection,
+        # and checkpointing every ~40 MiB of WAL instead of every 4 MiB batches that work.
+        cursor.execute("PRAGMA cache_size=-16384")
+        cursor.execute("PRAGMA wal_autocheckpoint=10000")
         cursor.close()
 
     @event.listens_for(engine, "begin")
