@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, Table, func, select, text, update
@@ -79,6 +80,18 @@ def status_row(engine: Engine, slug: str) -> dict[str, Any] | None:
 def db_now(engine: Engine, offset_seconds: int = 0) -> str:
     with engine.connect() as connection:
         return connection.execute(select(timestamp_offset(offset_seconds))).scalar_one()
+
+
+def assert_same_statement_time(first: str, second: str) -> None:
+    """Two clock readings written by one statement.
+
+    SQLite's 'now' is fixed within a statement; PostgreSQL's clock_timestamp() (the seeds'
+    clock) advances between the two readings, so they may differ by a few milliseconds.
+    """
+    earlier, later = sorted(
+        datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ") for value in (first, second)
+    )
+    assert later - earlier < timedelta(milliseconds=500), (first, second)
 
 
 def backdate(engine: Engine, table: Table, column: str, seconds: int, **where: Any) -> int:

@@ -23,7 +23,14 @@ from media_usage_orchestration.store.capture_triggers import (
     verify_capture_triggers,
 )
 from media_usage_orchestration.store.identifiers import InvalidIdentifierError
-from tests.support import NO_MEDIA, all_rows, count, set_status, status_row
+from tests.support import (
+    NO_MEDIA,
+    all_rows,
+    assert_same_statement_time,
+    count,
+    set_status,
+    status_row,
+)
 
 COMPLETED_AT = "2026-08-01T00:00:00.000Z"
 SORTABLE_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
@@ -231,7 +238,7 @@ def test_insert_update_and_delete_coalesce_into_one_newest_pending_job(db):
         "last_attempted_at": None,
         "last_error_code": None,
     }
-    assert job["next_attempt_at"] == job["updated_at"]
+    assert_same_statement_time(job["next_attempt_at"], job["updated_at"])
     assert job["next_attempt_at"] != "2099-01-01T00:00:00.000Z"
     assert job["updated_at"] >= first[0]["updated_at"]
     assert count_entries(db.engine, table) == 0

@@ -37,6 +37,7 @@ from tests.store.reconciliation_helpers import (
 )
 from tests.support import (
     all_rows,
+    assert_same_statement_time,
     backdate,
     count,
     make_collection,
@@ -113,7 +114,7 @@ def test_seeds_at_most_one_exact_active_collection_per_call(db):
     row = reconciliation_row(db.engine, first.id)
     assert re.match(ULID_PATTERN, row["run_token"])
     assert (row["state"], row["phase"], row["target_epoch"]) == ("pending", "scan", None)
-    assert row["next_attempt_at"] == row["updated_at"]
+    assert_same_statement_time(row["next_attempt_at"], row["updated_at"])
 
 
 def test_installing_complete_deleting_and_unbound_collections_are_never_seeded(db):
