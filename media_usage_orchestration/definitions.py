@@ -14,9 +14,9 @@ defs = dg.Definitions(
         jobs.media_usage_activation,
         jobs.request_collection_deletion,
         jobs.media_usage_collection_deletion,
-        jobs.retry_failed_work_job,
+        jobs.retry_media_usage_work_job,
         jobs.retry_collection_deletion_job,
-        jobs.retry_reconciliation_job,
+        jobs.retry_media_usage_reconciliation_job,
     ],
     sensors=[
         sensors.media_usage_work_sensor,

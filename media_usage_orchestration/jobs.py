@@ -127,8 +127,8 @@ def _operator_job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDef
     return _job
 
 
-retry_failed_work_job = _operator_job(
-    "retry_failed_work",
+retry_media_usage_work_job = _operator_job(
+    "retry_media_usage_work",
     reopen_failed_work,
     "Operator action: reopen a collection's failed work (all of it, or the given entries).",
 )
@@ -137,8 +137,8 @@ retry_collection_deletion_job = _operator_job(
     reopen_collection_deletion,
     "Operator action: reopen a failed or stalled collection deletion in its phase.",
 )
-retry_reconciliation_job = _operator_job(
-    "retry_reconciliation",
+retry_media_usage_reconciliation_job = _operator_job(
+    "retry_media_usage_reconciliation",
     reopen_reconciliation,
     "Operator action: reopen a collection's failed reconciliation as a fresh scan.",
 )

@@ -49,8 +49,8 @@ JOBS = {
     "media_usage_work": ["process_due_work"],
     "request_collection_deletion": ["request_deletion"],
     "retry_collection_deletion": ["reopen_collection_deletion"],
-    "retry_failed_work": ["reopen_failed_work"],
-    "retry_reconciliation": ["reopen_reconciliation"],
+    "retry_media_usage_work": ["reopen_failed_work"],
+    "retry_media_usage_reconciliation": ["reopen_reconciliation"],
 }
 WORKFLOW_TAGS = {
     "media_usage_activation": "activation",
@@ -60,8 +60,8 @@ WORKFLOW_TAGS = {
     "media_usage_work": "work",
     "request_collection_deletion": "collection_deletion_request",
     "retry_collection_deletion": "operator",
-    "retry_failed_work": "operator",
-    "retry_reconciliation": "operator",
+    "retry_media_usage_work": "operator",
+    "retry_media_usage_reconciliation": "operator",
 }
 SENSORS = {
     "media_usage_collection_deletion_sensor": ("media_usage_collection_deletion", 30),

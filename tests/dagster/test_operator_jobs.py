@@ -49,7 +49,7 @@ def _fail_work(engine, collection_id: str, content_ids: list[str]) -> None:
         )
 
 
-def test_retry_failed_work_reopens_every_failed_entry_of_the_collection(db, instance):
+def test_retry_media_usage_work_reopens_every_failed_entry_of_the_collection(db, instance):
     cms = CmsWriter(db.engine)
     posts = cms.create_collection("posts", IMAGE_ONLY)
     activate(db.engine)
@@ -57,7 +57,7 @@ def test_retry_failed_work_reopens_every_failed_entry_of_the_collection(db, inst
     _fail_work(db.engine, posts.id, ["entry-1", "entry-2"])
     epoch = status_row(db.engine, "posts")["change_epoch"]
 
-    result = _run(jobs.retry_failed_work_job, db, instance, {"collection": "posts"})
+    result = _run(jobs.retry_media_usage_work_job, db, instance, {"collection": "posts"})
 
     assert _metadata(result)["reopened"] == 2
     reopened = {row["content_id"]: row for row in all_rows(db.engine, schema.work)}
@@ -69,20 +69,20 @@ def test_retry_failed_work_reopens_every_failed_entry_of_the_collection(db, inst
     assert status_row(db.engine, "posts")["change_epoch"] == epoch + 2
 
 
-def test_retry_failed_work_of_named_entries_creates_work_for_absent_content(db, instance):
+def test_retry_media_usage_work_of_named_entries_creates_work_for_absent_content(db, instance):
     cms = CmsWriter(db.engine)
     posts = cms.create_collection("posts", IMAGE_ONLY)
     activate(db.engine)
     config = {"collection": "posts", "content_ids": ["gone-entry"]}
-    result = _run(jobs.retry_failed_work_job, db, instance, config)
+    result = _run(jobs.retry_media_usage_work_job, db, instance, config)
     assert _metadata(result)["reopened"] == 1
     created = one(db.engine, schema.work, content_id="gone-entry")
     assert created["collection_id"] == posts.id and created["state"] == "pending"
 
 
-def test_retry_failed_work_refuses_an_unknown_collection(db, instance):
+def test_retry_media_usage_work_refuses_an_unknown_collection(db, instance):
     result = _run(
-        jobs.retry_failed_work_job, db, instance, {"collection": "nope"}, raise_on_error=False
+        jobs.retry_media_usage_work_job, db, instance, {"collection": "nope"}, raise_on_error=False
     )
     assert not result.success
     assert all_rows(db.engine, schema.work) == []
@@ -132,7 +132,7 @@ def test_retry_reconciliation_reopens_a_failed_run_and_respects_a_live_lease(db,
     attempt = reconciliation.claim_collection(db.engine, posts.id)
     assert attempt.claim is not None
 
-    held = _run(jobs.retry_reconciliation_job, db, instance, {"collection": "posts"})
+    held = _run(jobs.retry_media_usage_reconciliation_job, db, instance, {"collection": "posts"})
     assert _metadata(held)["outcome"] == "lease_active"
 
     table = schema.reconciliations
@@ -142,7 +142,7 @@ def test_retry_reconciliation_reopens_a_failed_run_and_respects_a_live_lease(db,
                 state="failed", lease_token=None, lease_expires_at=None, attempt_count=5
             )
         )
-    reopened = _run(jobs.retry_reconciliation_job, db, instance, {"collection": "posts"})
+    reopened = _run(jobs.retry_media_usage_reconciliation_job, db, instance, {"collection": "posts"})
     assert _metadata(reopened)["outcome"] == "reopened"
     row = one(db.engine, table, collection_id=posts.id)
     assert (row["state"], row["attempt_count"], row["target_epoch"]) == ("pending", 0, None)
