@@ -3,10 +3,12 @@
 import dagster as dg
 
 from . import jobs, schedules, sensors
+from .ops.coverage import media_usage_index
 from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 
 defs = dg.Definitions(
+    assets=[media_usage_index],
     jobs=[
         jobs.media_usage_work,
         jobs.media_usage_reconciliation,

@@ -55,6 +55,9 @@ class DeletionWorkflow:
     def record_failure(self, engine: Engine, lease: DeletionLease, error: BaseException) -> str:
         return processing.record_phase_failure(engine, lease, error).value
 
+    def report_failure(self, context, engine: Engine, lease: DeletionLease, recorded: str) -> None:
+        """A deleted collection has no coverage left to report; the run shows the failure."""
+
 
 WORKFLOW = DeletionWorkflow()
 

@@ -41,6 +41,11 @@ class LeasedWorkflow(Protocol[L]):
 
     def record_failure(self, engine: Engine, lease: L, error: BaseException) -> str: ...
 
+    def report_failure(
+        self, context: dg.OpExecutionContext, engine: Engine, lease: L, recorded: str
+    ) -> None:
+        """Tell the UI about a recorded failure (for example, failed coverage)."""
+
 
 @dataclass(frozen=True)
 class StepReport(Generic[L]):
@@ -103,6 +108,7 @@ def run_leased_step(
         if is_transient_database_error(error):
             raise
         recorded = workflow.record_failure(engine, held, error)
+        workflow.report_failure(context, engine, held, recorded)
         _tag_run(context, recorded)
         raise dg.Failure(
             description=f"{workflow.name} step failed ({recorded}): {type(error).__name__}: {error}",

@@ -25,6 +25,7 @@ from ..store.identifiers import validate_identifier
 from ..store.reconciliations import ReconciliationClaim, WorkBarrierState
 from ..store.schema import collections
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from .coverage import record_coverage, record_failed_coverage
 from .leased import (
     StepReport,
     StepStopped,
@@ -60,6 +61,16 @@ class ReconciliationWorkflow:
         return processing.record_step_failure(
             engine, processing.reload(engine, claim) or claim
         ).value
+
+    def report_failure(
+        self,
+        context: dg.OpExecutionContext,
+        engine: Engine,
+        claim: ReconciliationClaim,
+        recorded: str,
+    ) -> None:
+        if recorded == ReconciliationOutcome.FAILED:
+            record_failed_coverage(context, engine, claim.collection_id, claim.collection_slug)
 
 
 WORKFLOW = ReconciliationWorkflow()
@@ -325,6 +336,7 @@ def finalize_coverage(
         if finalized.restarted:
             _restart_later(engine, finalized.claim)
         if finalized.outcome is ReconciliationOutcome.COMPLETED:
+            record_coverage(context, engine, claim.collection_id, claim.collection_slug)
             return StepReport("completed", None, {"collection": claim.collection_slug})
         raise StepStopped(finalized.outcome.value)
 

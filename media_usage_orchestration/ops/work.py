@@ -1,6 +1,7 @@
 """The work op: claim due work in batches and project each entry, within a budget."""
 
 import time
+from collections import Counter
 
 import dagster as dg
 from pydantic import Field
@@ -8,6 +9,7 @@ from pydantic import Field
 from ..processing.work import WorkBatchResult, process_due_batch
 from ..resources.database import MediaUsageDatabase
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from .coverage import record_coverage
 
 COUNTED = ("claimed", "completed", "retry", "failed", "superseded", "obsolete", "claim_lost")
 
@@ -33,7 +35,9 @@ def process_due_work(
     context: dg.OpExecutionContext, config: ProcessDueWorkConfig, database: MediaUsageDatabase
 ):
     totals = dict.fromkeys(COUNTED, 0)
-    deadline = time.monotonic() + config.max_seconds
+    completed_by_collection: Counter[tuple[str, str]] = Counter()
+    started = time.monotonic()
+    deadline = started + config.max_seconds
     stopped_by = "nothing_due"
     with retry_transient_errors_only():
         while True:
@@ -46,7 +50,18 @@ def process_due_work(
                 stopped_by = "inactive"
                 break
             _add(totals, batch)
+            completed_by_collection.update(batch.completed_by_collection)
             if batch.claimed_count == 0:
                 break
+        duration = time.monotonic() - started
+        for (collection_id, slug), completed in sorted(completed_by_collection.items()):
+            record_coverage(
+                context,
+                database.engine,
+                collection_id,
+                slug,
+                duration_seconds=duration,
+                entries_projected=completed,
+            )
     context.log.info(f"work: {totals} (stopped: {stopped_by})")
     yield dg.Output(None, metadata={**totals, "stopped_by": stopped_by})

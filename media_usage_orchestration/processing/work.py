@@ -49,8 +49,8 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
@@ -179,6 +179,8 @@ class WorkBatchResult:
     obsolete_count: int = 0
     claim_lost_count: int = 0
     duration_ms: int = 0
+    # (collection id, slug) -> items of that collection completed by this batch
+    completed_by_collection: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 # --- policy -----------------------------------------------------------------------------------
@@ -341,11 +343,20 @@ def process_due_batch(
     claimed = repository.claim_due_batch(batch_size, lease_seconds, collection_id)
     batch = _Batch(engine, repository, lease_seconds, clock, claimed_at=clock())
     outcomes = []
+    completed_by_collection: dict[tuple[str, str], int] = {}
     for group in _by_collection(claimed):
-        outcomes.extend(batch.in_bulk(group) if bulk else batch.one_by_one(group))
+        group_outcomes = batch.in_bulk(group) if bulk else batch.one_by_one(group)
+        outcomes.extend(group_outcomes)
+        completed = group_outcomes.count(WorkOutcome.COMPLETED)
+        if completed:
+            identity = (group[0].collection_id, group[0].collection_slug)
+            completed_by_collection[identity] = completed_by_collection.get(identity, 0) + completed
     # Every claimed row counts, claim-lost ones included (they were claimed by this batch).
     return OutcomeCounts.of(outcomes).into(
-        WorkBatchResult, claimed_count=len(claimed), duration_ms=_elapsed_ms(clock, started)
+        WorkBatchResult,
+        claimed_count=len(claimed),
+        duration_ms=_elapsed_ms(clock, started),
+        completed_by_collection=completed_by_collection,
     )
 
 
