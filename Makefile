@@ -19,9 +19,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -n 2 --dist loadgroup
 
+# The UI on the demo's database and instance (.dagster_home), so the demo's runs are visible.
 dev: $(STAMP)
-	mkdir -p $(CURDIR)/.dagster_home && touch $(CURDIR)/.dagster_home/dagster.yaml
-	. $(BIN)/activate && DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} dg dev --use-active-venv
+	mkdir -p $(CURDIR)/.dagster_home && touch $(CURDIR)/.dagster_home/.media_usage_local_instance
+	test -f $(CURDIR)/.dagster_home/dagster.yaml || printf 'telemetry:\n  enabled: false\n' > $(CURDIR)/.dagster_home/dagster.yaml
+	. $(BIN)/activate && DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} dg dev --use-active-venv -w workspace.yaml
 
 BENCH_ENTRIES ?= 20000
 MEDIA_USAGE_BENCH_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test

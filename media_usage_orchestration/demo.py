@@ -1,76 +1,91 @@
-"""The demo: an EmDash-shaped database driven by the real Dagster definitions."""
+"""The demo: an EmDash-shaped database driven by the real Dagster definitions.
+
+It builds three collections of content with media references of every kind, activates capture
+with the activation job, and then lets the sensors ask for runs - evaluated as the daemon would,
+executed as real runs of a persistent instance in `.dagster_home` - until every collection's
+coverage is complete. An edit wave follows (captured by the triggers, projected by the work
+job), then a forced deletion of one collection (the request job, then the deletion job its
+sensor asks for). `make dev` opens the same database and instance in the UI.
+"""
 
 from __future__ import annotations
 
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, inspect, select
 from sqlalchemy.engine import make_url
 
 from . import cms, sample_content
 from .processing.verify import verify_index
 from .store import schema
-from .store.engine import create_database_engine, redacted_url
+from .store.engine import create_database_engine, read_transaction, redacted_url
+from .store.identifiers import content_table_name
 
-DEMO_COLLECTIONS = (("articles", "art", 250), ("pages", "pag", 120), ("products", "pro", 80))
+
+@dataclass(frozen=True)
+class DemoCollection:
+    slug: str
+    prefix: str
+    entries: int
 
 
-def run_demo(url: str, console: Console) -> int:
-    """Build the demo database (3 collections of EmDash-shaped content), then run the jobs:
-    activation, and the automatic lane until every collection's coverage is complete."""
-    from .cli import collections_table
+DEMO_COLLECTIONS = (
+    DemoCollection("articles", "art", 900),
+    DemoCollection("pages", "pag", 650),
+    DemoCollection("products", "pro", 450),
+)
+DELETED_COLLECTION = "products"
+# Written by `make demo` and `make dev` into the project's local instance directory: only a
+# directory carrying it is ever cleared.
+LOCAL_INSTANCE_MARKER = ".media_usage_local_instance"
+UI_URL = "http://127.0.0.1:3000"
 
-    engine = _prepare_demo_database(url)
-    writer = cms.CmsWriter(engine)
-    for slug, prefix, count in DEMO_COLLECTIONS:
-        writer.create_collection(slug, sample_content.MEDIA_FIELDS)
-        writer.insert_entries(slug, sample_content.sample_entries(prefix, count))
-        _add_drafts_and_trash(writer, slug, prefix, count)
+
+def run_demo(
+    url: str,
+    console: Console,
+    dagster_home: Path = Path(".dagster_home"),
+    collections: Sequence[DemoCollection] = DEMO_COLLECTIONS,
+) -> int:
+    """Run the whole demo; 0 when every remaining collection is complete, the index has no
+    drift and the deleted collection is gone, else 1."""
+    started = time.monotonic()
+    _refuse_a_foreign_instance(dagster_home)
+    engine = _prepare_database(url, console)
+    _write_content(engine, collections)
     console.print(f"Demo database: [bold]{redacted_url(engine.url)}[/]")
-    console.print(collections_table(engine))
-    _run_demo_jobs(url, console)
-    console.print(collections_table(engine))
-    report = verify_index(engine)
-    console.print(f"verify: {'drift found' if report.has_drift else 'no drift'}")
-    return 1 if report.has_drift else 0
+    console.print(content_table(engine))
+    with _demo_instance(dagster_home, console) as instance:
+        runs = _run_jobs(url, engine, instance, console, collections)
+    console.print(runs_table(runs))
+    console.print(_status_table(engine))
+    return _report(engine, console, started)
 
 
-def _run_demo_jobs(url: str, console: Console) -> None:
-    import dagster as dg
-
-    from .definitions import defs
-    from .local_runner import quiet_run_config, run_lane
-    from .resources.automation import MediaUsageAutomation
-    from .resources.database import MediaUsageDatabase
-
-    resources = {"database": MediaUsageDatabase(url=url), "automation": MediaUsageAutomation()}
-    with dg.instance_for_test() as instance:
-        activation = defs.resolve_job_def("media_usage_activation").execute_in_process(
-            instance=instance, resources=resources, run_config=quiet_run_config()
-        )
-        console.print(
-            f"job media_usage_activation: {'success' if activation.success else 'failed'}"
-        )
-        runs = run_lane(instance, resources, log_level="WARNING")
-    table = Table(title="Runs requested by the sensors")
-    for header in ("job", "partition", "success", "outcome"):
-        table.add_column(header)
-    for run in runs:
-        if run.job_name != "partitions":
-            table.add_row(
-                run.job_name, run.partition_key or "-", str(run.success), run.outcome or "-"
-            )
-    console.print(table)
+# --- database ---------------------------------------------------------------------------------
 
 
-def _prepare_demo_database(url: str) -> Engine:
+def _prepare_database(url: str, console: Console) -> Engine:
+    """The embedded SQLite demo starts over (its file is the demo's own); any other database
+    must be empty, since the demo never removes content it did not write."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database:
-        for suffix in ("", "-wal", "-shm"):
-            Path(parsed.database + suffix).unlink(missing_ok=True)
+        files = [Path(parsed.database + suffix) for suffix in ("", "-wal", "-shm")]
+        if any(path.exists() for path in files):
+            console.print(f"Starting over: removing the previous demo database {files[0]}")
+        for path in files:
+            path.unlink(missing_ok=True)
     engine = create_database_engine(url)
     with engine.begin() as connection:
         schema.install_schema(connection)
@@ -82,9 +97,267 @@ def _prepare_demo_database(url: str) -> Engine:
     return engine
 
 
-def _add_drafts_and_trash(writer: cms.CmsWriter, slug: str, prefix: str, count: int) -> None:
-    for index in range(0, count, 9):
-        entry = sample_content.sample_entry(prefix, index)
-        writer.save_draft(slug, entry["id"], sample_content.draft_revision_data(entry))
-    for index in range(4, count, 25):
-        writer.trash_entry(slug, sample_content.sample_entry(prefix, index)["id"])
+def _write_content(engine: Engine, collections: Sequence[DemoCollection]) -> None:
+    """Content written before capture is active: coverage starts untrusted everywhere."""
+    writer = cms.CmsWriter(engine)
+    for collection in collections:
+        writer.create_collection(collection.slug, sample_content.MEDIA_FIELDS)
+        entries = sample_content.sample_entries(collection.prefix, collection.entries)
+        writer.insert_entries(collection.slug, entries)
+        _add_drafts_and_trash(writer, collection)
+
+
+def _add_drafts_and_trash(writer: cms.CmsWriter, collection: DemoCollection) -> None:
+    for index in range(0, collection.entries, 9):
+        entry = sample_content.sample_entry(collection.prefix, index)
+        writer.save_draft(collection.slug, entry["id"], sample_content.draft_revision_data(entry))
+    for index in range(4, collection.entries, 25):
+        entry_id = sample_content.sample_entry(collection.prefix, index)["id"]
+        writer.trash_entry(collection.slug, entry_id)
+
+
+def edit_wave(engine: Engine, collection: DemoCollection) -> int:
+    """Edits of every kind through the CMS, each captured by the triggers as work: new hero
+    images, new entries, drafts, trashed and deleted entries. Returns the writes made."""
+    writer = cms.CmsWriter(engine)
+    size = collection.entries
+    writes = 0
+    for index in range(1, size, 10):
+        entry_id = sample_content.sample_entry(collection.prefix, index)["id"]
+        hero = {"id": f"{entry_id}-v2", "provider": "local", "mimeType": "image/webp"}
+        writer.update_entry(collection.slug, entry_id, {"hero": hero, "title": "edited"})
+        writes += 1
+    added = sample_content.sample_entries(collection.prefix, max(size // 20, 1), start=size)
+    writes += len(writer.insert_entries(collection.slug, added))
+    for index in range(2, size, 30):
+        entry = sample_content.sample_entry(collection.prefix, index)
+        data = sample_content.draft_revision_data(entry)
+        writer.save_draft(collection.slug, entry["id"], data)
+        writes += 1
+    for index in range(3, size, 40):
+        entry_id = sample_content.sample_entry(collection.prefix, index)["id"]
+        writer.trash_entry(collection.slug, entry_id)
+        writes += 1
+    for index in range(7, size, 50):
+        entry_id = sample_content.sample_entry(collection.prefix, index)["id"]
+        writer.delete_entry(collection.slug, entry_id)
+        writes += 1
+    return writes
+
+
+# --- the Dagster instance ---------------------------------------------------------------------
+
+
+@contextmanager
+def _demo_instance(dagster_home: Path, console: Console) -> Iterator[Any]:
+    """A persistent instance in the demo's own directory, so `make dev` shows its runs. Only a
+    directory the demo created (it carries a marker) is ever emptied."""
+    import dagster as dg
+
+    marker = dagster_home / LOCAL_INSTANCE_MARKER
+    _refuse_a_foreign_instance(dagster_home)
+    if marker.exists():
+        console.print(f"Starting over: clearing the demo's Dagster history in {dagster_home}")
+        for path in dagster_home.iterdir():
+            if path.name not in ("dagster.yaml", LOCAL_INSTANCE_MARKER):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    config = dagster_home / "dagster.yaml"
+    if not config.exists():
+        config.write_text("telemetry:\n  enabled: false\n")
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        yield instance
+
+
+def _refuse_a_foreign_instance(dagster_home: Path) -> None:
+    if not dagster_home.exists() or (dagster_home / LOCAL_INSTANCE_MARKER).exists():
+        return
+    if any(path.name != "dagster.yaml" for path in dagster_home.iterdir()):
+        raise click.ClickException(
+            f"{dagster_home} holds a Dagster instance this project did not create; "
+            "pass another --dagster-home."
+        )
+
+
+def _run_jobs(
+    url: str,
+    engine: Engine,
+    instance: Any,
+    console: Console,
+    collections: Sequence[DemoCollection],
+) -> list[Any]:
+    from .definitions import defs
+    from .local_runner import quiet_run_config, run_lane
+    from .resources.automation import MediaUsageAutomation
+    from .resources.database import MediaUsageDatabase
+
+    resources = {"database": MediaUsageDatabase(url=url), "automation": MediaUsageAutomation()}
+    runs: list[Any] = []
+
+    def execute(job_name: str, run_config: Mapping[str, Any] | None = None) -> None:
+        result = defs.resolve_job_def(job_name).execute_in_process(
+            instance=instance,
+            resources=resources,
+            run_config=quiet_run_config(run_config),
+            raise_on_error=False,
+        )
+        runs.append(_Run(job_name, None, result.success, None))
+        _print_run(console, runs[-1])
+
+    def lane(on_run: Callable[[Any], None]) -> None:
+        def record(run: Any) -> None:
+            if run.job_name != "partitions":
+                runs.append(run)
+                _print_run(console, run)
+            on_run(run)
+
+        run_lane(instance, resources, log_level="WARNING", on_run=record)
+
+    with _progress(console) as progress:
+        coverage = progress.add_task("coverage complete", total=len(collections))
+        execute("media_usage_activation")
+        lane(lambda run: progress.update(coverage, completed=_complete_count(engine)))
+        progress.update(coverage, completed=_complete_count(engine))
+
+        writes = sum(edit_wave(engine, collection) for collection in collections)
+        console.print(f"Edit wave: {writes} content writes captured as work")
+        work = progress.add_task("edit wave projected", total=writes)
+        lane(lambda run: progress.update(work, completed=writes - _open_work(engine)))
+        progress.update(work, completed=writes - _open_work(engine))
+
+        deletion = progress.add_task(f"delete {DELETED_COLLECTION}", total=1)
+        # Forced: the collection still has entries, which a plain request refuses.
+        request = {"collection": DELETED_COLLECTION, "force": True}
+        execute("request_collection_deletion", {"ops": {"request_deletion": {"config": request}}})
+        lane(lambda run: None)
+        execute("media_usage_maintenance")
+        progress.update(deletion, completed=int(_collection_gone(engine, DELETED_COLLECTION)))
+    return runs
+
+
+@dataclass(frozen=True)
+class _Run:
+    job_name: str
+    partition_key: str | None
+    success: bool
+    outcome: str | None
+
+
+def _print_run(console: Console, run: Any) -> None:
+    partition = f"[{run.partition_key}]" if run.partition_key else ""
+    state = "[green]success[/]" if run.success else "[red]failure[/]"
+    outcome = f": {run.outcome}" if run.outcome else ""
+    console.print(f"  run {run.job_name}{partition} {state}{outcome}")
+
+
+@contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        yield progress
+
+
+# --- reading the outcome ----------------------------------------------------------------------
+
+
+def _complete_count(engine: Engine) -> int:
+    status = schema.index_status
+    with read_transaction(engine) as connection:
+        return connection.execute(
+            select(func.count()).where(
+                status.c.adapter_id == schema.CONTENT_ADAPTER_ID,
+                status.c.status == "complete",
+                status.c.reconciliation_required == 0,
+            )
+        ).scalar_one()
+
+
+def _open_work(engine: Engine) -> int:
+    with read_transaction(engine) as connection:
+        return connection.execute(select(func.count()).select_from(schema.work)).scalar_one()
+
+
+def _collection_gone(engine: Engine, slug: str) -> bool:
+    """No registry row, no content table, no status row, no tombstone, no sources."""
+    with read_transaction(engine) as connection:
+        leftovers = [
+            connection.execute(select(func.count()).where(where)).scalar_one()
+            for where in (
+                schema.collections.c.slug == slug,
+                schema.index_status.c.scope_key == slug,
+                schema.collection_deletions.c.collection_slug == slug,
+                schema.sources.c.collection_slug == slug,
+                schema.work.c.collection_slug == slug,
+            )
+        ]
+        table_exists = inspect(connection).has_table(content_table_name(slug))
+    return not any(leftovers) and not table_exists
+
+
+def _report(engine: Engine, console: Console, started: float) -> int:
+    report = verify_index(engine)
+    gone = _collection_gone(engine, DELETED_COLLECTION)
+    incomplete = _incomplete_collections(engine)
+    console.print(
+        f"verify: {len(report.differences)} differences "
+        f"({'drift found' if report.has_drift else 'no drift'})"
+    )
+    console.print(
+        f"{DELETED_COLLECTION}: "
+        + ("deleted (registry, table, status, sources and work removed)" if gone else "NOT gone")
+    )
+    if incomplete:
+        console.print(f"[red]coverage not complete:[/] {', '.join(incomplete)}")
+    console.print(f"Demo finished in {time.monotonic() - started:.1f} s.")
+    console.print(f"Open the UI with [bold]make dev[/], then {UI_URL}")
+    return 1 if report.has_drift or not gone or incomplete else 0
+
+
+def _incomplete_collections(engine: Engine) -> list[str]:
+    status = schema.index_status
+    with read_transaction(engine) as connection:
+        slugs = connection.execute(select(schema.collections.c.slug)).scalars().all()
+        complete = set(
+            connection.execute(
+                select(status.c.scope_key).where(
+                    status.c.status == "complete", status.c.reconciliation_required == 0
+                )
+            ).scalars()
+        )
+    return sorted(set(slugs) - complete)
+
+
+def runs_table(runs: Sequence[Any]) -> Table:
+    table = Table(title="Runs of the demo")
+    for header in ("job", "runs", "succeeded", "outcomes"):
+        table.add_column(header)
+    by_job: dict[str, list[Any]] = {}
+    for run in runs:
+        by_job.setdefault(run.job_name, []).append(run)
+    for job_name, job_runs in by_job.items():
+        outcomes = Counter(run.outcome for run in job_runs if run.outcome)
+        table.add_row(
+            job_name,
+            str(len(job_runs)),
+            str(sum(run.success for run in job_runs)),
+            ", ".join(f"{name} x{n}" for name, n in sorted(outcomes.items())) or "-",
+        )
+    return table
+
+
+def content_table(engine: Engine) -> Table:
+    from .cli import collections_table
+
+    return collections_table(engine)
+
+
+def _status_table(engine: Engine) -> Table:
+    from .cli import collections_table
+
+    return collections_table(engine)

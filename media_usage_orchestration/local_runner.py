@@ -5,7 +5,7 @@ This is what the daemon does on a schedule; doing it in a loop serves the demo, 
 and the end-to-end tests. Runs are real Dagster runs in the given instance.
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from .sensors import (
     media_usage_work_sensor,
 )
 
+RUN_KEY_TAG = "dagster/run_key"
 LANE_SENSORS: tuple[dg.SensorDefinition, ...] = (
     media_usage_collection_deletion_sensor,
     media_usage_reconciliation_sensor,
@@ -52,8 +53,10 @@ def run_lane(
     sensors: Sequence[dg.SensorDefinition] = LANE_SENSORS,
     max_rounds: int = 1000,
     log_level: str | None = None,
+    on_run: Callable[[LaneRun], None] | None = None,
 ) -> list[LaneRun]:
-    """Tick the sensors and execute their requests until a round requests nothing."""
+    """Tick the sensors and execute their requests until a round requests nothing;
+    `on_run` hears of each run as it ends."""
     runs: list[LaneRun] = []
     for _ in range(max_rounds):
         requested = False
@@ -61,6 +64,8 @@ def run_lane(
             for run in _tick(sensor, instance, resources, log_level):
                 requested = True
                 runs.append(run)
+                if on_run is not None:
+                    on_run(run)
         if not requested:
             return runs
     raise RuntimeError(f"The lane was still busy after {max_rounds} rounds")
@@ -91,11 +96,19 @@ def _tick(
             run_config=run_config,
             instance=instance,
             resources=resources,
-            tags=request.tags,
+            tags=_with_run_key(request),
             partition_key=request.partition_key,
             raise_on_error=False,
         )
         yield LaneRun(job.name, request.partition_key, result.success, last_outcome(result))
+
+
+def _with_run_key(request: dg.RunRequest) -> dict[str, str]:
+    """The request's tags plus its run key, as the daemon tags the runs it launches."""
+    tags = dict(request.tags or {})
+    if request.run_key:
+        tags[RUN_KEY_TAG] = request.run_key
+    return tags
 
 
 def last_outcome(result: dg.ExecuteInProcessResult) -> str | None:

@@ -17,6 +17,7 @@ from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 from .store.deletions import DeletionRepository
 from .store.probes import due_reconciliations, earliest_due_work
+from .store.schema import missing_tables
 
 COLLECTION_ID_TAG = "media_usage/collection_id"
 IN_FLIGHT_STATUSES = [
@@ -53,6 +54,17 @@ def last_unsuccessful_run_id(
     return runs[0].run_id if runs else None
 
 
+def schema_not_installed(database: MediaUsageDatabase) -> dg.SkipReason | None:
+    """A database without the media usage schema is a setup step away, not a sensor error."""
+    missing = missing_tables(database.engine)
+    if not missing:
+        return None
+    return dg.SkipReason(
+        f"{database.display_url} lacks the media usage schema ({len(missing)} tables missing, "
+        "e.g. " + missing[0] + "): run `media-usage init` or `make demo`"
+    )
+
+
 def run_key(*parts: object) -> str:
     """A readable key prefix plus a digest of the due generation."""
     digest = hashlib.sha256(":".join(str(part) for part in parts).encode()).hexdigest()[:16]
@@ -69,6 +81,8 @@ def run_key(*parts: object) -> str:
 def media_usage_collection_deletion_sensor(
     context: dg.SensorEvaluationContext, database: MediaUsageDatabase
 ):
+    if skip := schema_not_installed(database):
+        return skip
     due = DeletionRepository(database.engine).find_due(MAX_DUE_DELETIONS)
     requests = []
     for tombstone in due:
@@ -119,6 +133,8 @@ def media_usage_work_sensor(
     database: MediaUsageDatabase,
     automation: MediaUsageAutomation,
 ):
+    if skip := schema_not_installed(database):
+        return skip
     earliest = earliest_due_work(database.engine)
     if earliest is None:
         return dg.SkipReason("no due work")
@@ -161,6 +177,8 @@ def media_usage_work_sensor(
 def media_usage_reconciliation_sensor(
     context: dg.SensorEvaluationContext, database: MediaUsageDatabase
 ):
+    if skip := schema_not_installed(database):
+        return skip
     candidates = due_reconciliations(database.engine, MAX_DUE_RECONCILIATIONS)
     known = set(context.instance.get_dynamic_partitions(media_usage_collections.name))
     new_partitions = sorted({c.collection_slug for c in candidates} - known)

@@ -16,6 +16,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     Connection,
+    Engine,
     ForeignKey,
     Index,
     Integer,
@@ -606,6 +607,13 @@ def add_content_column(connection: Connection, collection_slug: str, field: Cont
 
 
 # --- installer --------------------------------------------------------------------------------
+
+
+def missing_tables(engine: Engine, tables: Iterable[Table] = EMDASH_TABLES) -> list[str]:
+    """The project's tables this database lacks (all of them before `media-usage init`)."""
+    with engine.connect() as connection:
+        existing = set(inspect(connection).get_table_names())
+    return [table.name for table in tables if table.name not in existing]
 
 
 def install_schema(connection: Connection, tables: Iterable[Table] = EMDASH_TABLES) -> list[str]:

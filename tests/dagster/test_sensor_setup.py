@@ -1,0 +1,23 @@
+"""Before `media-usage init`, the sensors say what to do instead of failing every tick."""
+
+import dagster as dg
+import pytest
+
+from media_usage_orchestration.local_runner import LANE_SENSORS
+from media_usage_orchestration.store.schema import EMDASH_TABLES, missing_tables
+from tests.dagster.sensor_loop import evaluate, resources_for
+
+
+@pytest.mark.parametrize("sensor", LANE_SENSORS, ids=lambda sensor: sensor.name)
+def test_a_sensor_skips_with_the_setup_step_on_a_database_without_the_schema(empty_db, sensor):
+    with dg.instance_for_test() as instance:
+        data = evaluate(sensor, instance, resources_for(empty_db.url))
+
+    assert not data.run_requests
+    message = data.skip_message
+    assert "lacks the media usage schema" in message and "media-usage init" in message
+    assert missing_tables(empty_db.engine) == [table.name for table in EMDASH_TABLES]
+
+
+def test_no_table_is_missing_once_the_schema_is_installed(db):
+    assert missing_tables(db.engine) == []
