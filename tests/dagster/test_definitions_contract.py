@@ -7,23 +7,12 @@ partitions definition loses every collection partition. Change these only on pur
 """
 
 import itertools
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 
 import dagster as dg
-import pytest
 
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.ops.leased import COLLECTION_TAG, OUTCOME_TAG
 from media_usage_orchestration.sensors import COLLECTION_ID_TAG
-from tests.dagster.reconciliation_support import PROJECT_ROOT
 
 JOBS = {
     "media_usage_activation": ["activate_capture"],
@@ -81,7 +70,8 @@ def test_definitions_are_loadable():
 
 
 def test_job_and_op_names():
-    jobs = {job.name: job for job in defs.resolve_all_job_defs()}
+    # `__ASSET_JOB` is Dagster's implicit job for the declared `media_usage_index` asset.
+    jobs = {job.name: job for job in defs.resolve_all_job_defs() if not job.name.startswith("__")}
     assert {name: list(job.graph.node_names()) for name, job in jobs.items()} == JOBS
     assert {name: job.run_tags.get("media_usage/workflow") for name, job in jobs.items()} == (
         WORKFLOW_TAGS
@@ -89,6 +79,13 @@ def test_job_and_op_names():
     assert {name: job.executor_def.name for name, job in jobs.items()} == dict.fromkeys(
         JOBS, "in_process"
     )
+
+
+def test_the_coverage_asset_and_the_resource_keys():
+    asset = defs.resolve_assets_def("media_usage_index")
+    assert asset.partitions_def.name == PARTITIONS_DEF
+    assert sorted(defs.resources) == RESOURCES
+    assert "database" in defs.resources
 
 
 def test_the_reconciliation_graph_hands_the_claim_through_named_outputs():
@@ -136,90 +133,3 @@ def test_run_tag_keys():
         "media_usage/collection",
         "media_usage/outcome",
     )
-
-
-# --- the webserver loads the code location --------------------------------------------------------
-
-WORKSPACE_QUERY = """
-{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
-  locationOrLoadError { __typename ... on PythonError { message }
-    ... on RepositoryLocation { repositories { name
-      jobs { name } sensors { name } schedules { name cronSchedule } } } } } } } }
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _get(url: str) -> dict | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return json.loads(response.read())
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return None
-
-
-def _graphql(port: int, query: str) -> dict:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql",
-        data=json.dumps({"query": query}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
-
-
-@pytest.mark.slow
-def test_the_webserver_loads_the_code_location(tmp_path):
-    port = _free_port()
-    dagster_home = tmp_path / "dagster_home"
-    dagster_home.mkdir()
-    webserver = subprocess.Popen(
-        [
-            os.path.join(os.path.dirname(sys.executable), "dagster-webserver"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-w",
-            str(PROJECT_ROOT / "workspace.yaml"),
-        ],
-        cwd=PROJECT_ROOT,
-        env={**os.environ, "DAGSTER_HOME": str(dagster_home)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its code server is stopped with it
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while (info := _get(f"http://127.0.0.1:{port}/server_info")) is None:
-            assert webserver.poll() is None, webserver.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the webserver did not answer in 90 s"
-            time.sleep(0.5)
-        assert info["dagster_version"] == dg.__version__
-
-        data = _graphql(port, WORKSPACE_QUERY)["data"]["workspaceOrError"]
-    finally:
-        os.killpg(webserver.pid, signal.SIGTERM)
-        try:
-            webserver.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(webserver.pid, signal.SIGKILL)
-            webserver.wait(timeout=30)
-        webserver.stderr.close()
-
-    assert data["__typename"] == "Workspace"
-    [entry] = data["locationEntries"]
-    assert (entry["name"], entry["loadStatus"]) == (LOCATION, "LOADED")
-    location = entry["locationOrLoadError"]
-    assert location["__typename"] == "RepositoryLocation", location
-    [repository] = location["repositories"]
-    assert repository["name"] == "__repository__"
-    assert sorted(job["name"] for job in repository["jobs"]) == sorted(JOBS)
-    assert sorted(sensor["name"] for sensor in repository["sensors"]) == sorted(SENSORS)
-    assert {schedule["name"]: schedule["cronSchedule"] for schedule in repository["schedules"]} == {
-        name: cron for name, (_job, cron, _zone) in SCHEDULES.items()
-    }
