@@ -1,31 +1,166 @@
-"""`media-usage`: the operator's command line."""
+"""`media-usage`: the operator's command line.
+
+Exit codes: 0 done; 1 a problem was found (drift, failed work or coverage, a retry that did
+not reopen, a database error); 2 bad usage (click's usage errors, and every input the operator
+service refuses: unknown collection, malformed cursor, limit out of range). Every verb takes
+`--database-url` (env MEDIA_USAGE_DATABASE_URL); the password is never printed, not even in
+a database error. Listings take `--json` and then print only JSON on stdout.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
 import sys
 import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, quote_plus
 
 import click
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from .bench import bench
+from .processing import operator
 from .processing.verify import VerifyReport, verify_index
 from .store import schema
-from .store.engine import create_database_engine, default_database_url, redacted_url
-from .store.identifiers import content_table_name
+from .store.engine import (
+    DATABASE_URL_ENV,
+    create_database_engine,
+    default_database_url,
+    is_missing_table,
+    redacted_url,
+)
+from .store.records import LeaseState
 
-console = Console()
+# Piped or logged output is not cut at rich's default 80 columns: the status table is wider.
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+EXIT_PROBLEM = 1
+_DATABASE_URL_META = "media_usage.database_url"
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]+@")
+_PASSWORD_SETTING = re.compile(r"(password\s*=\s*)\S+", re.IGNORECASE)
+_STATES = [state.value for state in LeaseState]
+
+
+# --- database URL and errors ------------------------------------------------------------------
+
+
+def _passwords_of(url: str) -> list[str]:
+    try:
+        password = make_url(url).password
+    except Exception:  # an unparsable URL has no password we could find
+        return []
+    if not password:
+        return []
+    # Longest first, so a password that contains another spelling of itself is hidden whole.
+    spellings = {password, quote_plus(password), quote(password, safe="")}
+    return sorted(spellings, key=len, reverse=True)
+
+
+def scrubbed(message: str, url: str | None) -> str:
+    """An error message as it may be shown: without the database password, wherever it
+    appears (inside the URL, alone, or as a `password=` setting quoted by a driver)."""
+    if url:
+        message = message.replace(url, redacted_url(url))
+        for password in _passwords_of(url):
+            message = message.replace(password, "***")
+    message = _URL_PASSWORD.sub(r"\1***@", message)
+    return _PASSWORD_SETTING.sub(r"\1***", message)
 
 
 def _engine(url: str | None) -> Engine:
-    return create_database_engine(url or default_database_url())
+    url = url or default_database_url()
+    # Kept for the error handler below, which must hide this URL's password.
+    context = click.get_current_context()
+    context.meta[_DATABASE_URL_META] = url
+    try:
+        engine = create_database_engine(url)
+    except (ArgumentError, ValueError) as error:
+        raise click.BadParameter(scrubbed(str(error), url), param_hint="'--database-url'") from None
+    context.call_on_close(engine.dispose)
+    return engine
 
 
-@click.group()
+class _OperatorCommand(click.Command):
+    """Refused operator input exits 2 like any usage error; a database error exits 1 with
+    its message scrubbed of the password."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except operator.OperatorInputError as error:
+            raise click.UsageError(str(error), ctx) from None
+        except SQLAlchemyError as error:
+            message = scrubbed(database_error_message(error), ctx.meta.get(_DATABASE_URL_META))
+            raise click.ClickException(message) from None
+
+
+def database_error_message(error: SQLAlchemyError) -> str:
+    """The driver's own first line (not the SQL, which only repeats what the verb reads)."""
+    original = getattr(error, "orig", None) or error
+    lines = str(original).strip().splitlines() or [""]
+    message = f"Database error ({type(original).__name__}): {lines[0]}"
+    if isinstance(error, DBAPIError) and is_missing_table(error):
+        message += "; is the schema installed? Run `media-usage init`"
+    return message
+
+
+class _OperatorGroup(click.Group):
+    command_class = _OperatorCommand
+    group_class = type  # subgroups are operator groups too
+
+
+def database_url_option(function: Callable) -> Callable:
+    return click.option(
+        "--database-url",
+        envvar=DATABASE_URL_ENV,
+        default=None,
+        help=f"SQLAlchemy URL (env {DATABASE_URL_ENV}); default: .media_usage/media_usage.db.",
+    )(function)
+
+
+def json_option(function: Callable) -> Callable:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table."
+    )(function)
+
+
+def limit_option(default: int) -> Callable[[Callable], Callable]:
+    return click.option(
+        "--limit",
+        type=int,
+        default=default,
+        show_default=True,
+        help=f"Items at most, 1 to {operator.MAX_LIMIT}.",
+    )
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2))
+
+
+def _exit_problem() -> None:
+    sys.exit(EXIT_PROBLEM)
+
+
+# --- verbs ------------------------------------------------------------------------------------
+
+
+@click.group(cls=_OperatorGroup)
 def main() -> None:
-    """Keep an EmDash database's media usage index true and delete collections safely."""
+    """Keep an EmDash database's media usage index true and delete collections safely.
+
+    \b
+    Exit codes: 0 done; 1 a problem found (drift, failed work or coverage, a retry that did
+    not reopen, a database error); 2 bad usage (including an unknown collection, a malformed
+    cursor or a limit outside 1..100)."""
     warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
 
@@ -33,7 +168,7 @@ main.add_command(bench)
 
 
 @main.command()
-@click.option("--database-url", envvar="MEDIA_USAGE_DATABASE_URL", default=None)
+@database_url_option
 def init(database_url: str | None) -> None:
     """Install (or complete) EmDash's media usage schema; safe to repeat."""
     engine = _engine(database_url)
@@ -45,24 +180,41 @@ def init(database_url: str | None) -> None:
 
 
 @main.command()
-@click.option("--database-url", envvar="MEDIA_USAGE_DATABASE_URL", default=None)
-def status(database_url: str | None) -> None:
-    """Show every collection with its entries and index coverage."""
-    engine = _engine(database_url)
-    console.print(collections_table(engine))
+@database_url_option
+@json_option
+def status(database_url: str | None, as_json: bool) -> None:
+    """Show every collection's coverage, index and work. Exit 1 when any collection waits for
+    an operator: failed work, or failed coverage."""
+    statuses = operator.collection_statuses(_engine(database_url))
+    if as_json:
+        _print_json([dataclasses.asdict(each) for each in statuses])
+    else:
+        console.print(_status_table(statuses))
+    waiting = [each.collection_slug for each in statuses if each.needs_operator]
+    if waiting:
+        click.echo(f"Failed work or coverage waits for a retry: {', '.join(waiting)}", err=True)
+        _exit_problem()
 
 
 @main.command()
-@click.option("--database-url", envvar="MEDIA_USAGE_DATABASE_URL", default=None)
-def demo(database_url: str | None) -> None:
-    """Build the demo database and run the real jobs on it until every collection is covered."""
+@database_url_option
+@click.option(
+    "--dagster-home",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".dagster_home"),
+    show_default=True,
+    help="The demo's own Dagster instance directory (what `make dev` opens).",
+)
+def demo(database_url: str | None, dagster_home: Path) -> None:
+    """Build the demo database and drive the real jobs on it: activation, reconciliation until
+    every collection is covered, an edit wave, a forced collection deletion."""
     from .demo import run_demo
 
-    sys.exit(run_demo(database_url or default_database_url(), console))
+    sys.exit(run_demo(database_url or default_database_url(), console, dagster_home))
 
 
 @main.command()
-@click.option("--database-url", envvar="MEDIA_USAGE_DATABASE_URL", default=None)
+@database_url_option
 @click.option(
     "--collection",
     "collection_slugs",
@@ -70,15 +222,292 @@ def demo(database_url: str | None) -> None:
     help="Only this collection (repeatable); default: every captured collection.",
 )
 @click.option("--limit", default=200, show_default=True, help="Differences to print at most.")
-def verify(database_url: str | None, collection_slugs: tuple[str, ...], limit: int) -> None:
+@json_option
+def verify(
+    database_url: str | None, collection_slugs: tuple[str, ...], limit: int, as_json: bool
+) -> None:
     """Recompute the index from the content and compare; exit 1 on any drift."""
-    report = verify_index(_engine(database_url), collection_slugs or None)
+    engine = _engine(database_url)
+    for slug in collection_slugs:
+        operator.registered_collection_id(engine, slug)
+    report = verify_index(engine, collection_slugs or None)
+    if as_json:
+        _print_json(_verify_json(report, limit))
+    else:
+        _print_verify_report(report, limit)
+    if report.has_drift:
+        _exit_problem()
+
+
+def _verify_json(report: VerifyReport, limit: int) -> dict[str, Any]:
+    return {
+        "has_drift": report.has_drift,
+        "difference_count": len(report.differences),
+        "collections": [dataclasses.asdict(summary) for summary in report.collections],
+        "differences": [dataclasses.asdict(each) for each in report.differences[: max(limit, 0)]],
+    }
+
+
+def _print_verify_report(report: VerifyReport, limit: int) -> None:
     console.print(verify_summary_table(report))
     if report.has_drift:
         console.print(verify_differences_table(report, limit))
         console.print(f"[bold red]{len(report.differences)} differences[/]")
-        sys.exit(1)
-    console.print("[bold green]No drift[/]: the index equals what extraction computes.")
+    else:
+        console.print("[bold green]No drift[/]: the index equals what extraction computes.")
+
+
+# --- operator verbs ---------------------------------------------------------------------------
+
+
+@main.group()
+def work() -> None:
+    """List and retry per-entry media usage work."""
+
+
+@work.command("list")
+@click.option("--collection", required=True, help="Collection slug.")
+@click.option("--state", type=click.Choice(_STATES), default=None, help="Only this state.")
+@limit_option(operator.DEFAULT_LIST_LIMIT)
+@click.option("--cursor", default=None, help="The next cursor printed by the previous page.")
+@database_url_option
+@json_option
+def work_list(
+    collection: str,
+    state: str | None,
+    limit: int,
+    cursor: str | None,
+    database_url: str | None,
+    as_json: bool,
+) -> None:
+    """A page of a collection's work, newest first (never versions or lease tokens)."""
+    page = operator.list_work(
+        _engine(database_url), collection, state=state, limit=limit, cursor=cursor
+    )
+    _print_page(f"Work of {collection}", page.items, page.next_cursor, as_json, WORK_COLUMNS)
+
+
+@work.command("retry")
+@click.option("--collection", required=True, help="Collection slug.")
+@click.option("--content-id", default=None, help="The one entry whose work to retry.")
+@click.option("--all-failed", is_flag=True, help="Retry every failed entry (at most --limit).")
+@limit_option(operator.MAX_LIMIT)
+@database_url_option
+@json_option
+def work_retry(
+    collection: str,
+    content_id: str | None,
+    all_failed: bool,
+    limit: int,
+    database_url: str | None,
+    as_json: bool,
+) -> None:
+    """Reopen one entry's work, or every failed entry's, at a new coverage epoch. Exit 1 when
+    any item was not reopened (lease_active, conflict, not_found)."""
+    if (content_id is None) == (not all_failed):
+        raise click.UsageError("Pass exactly one of --content-id or --all-failed")
+    engine = _engine(database_url)
+    if content_id is not None:
+        report = operator.retry_work_item(engine, collection, content_id)
+        _finish_retry(f"Work {collection}/{content_id}", report, as_json)
+        return
+    bulk = operator.retry_failed_work(engine, collection, limit=limit)
+    if as_json:
+        _print_json(bulk.as_dict())
+    else:
+        click.echo(_bulk_message(bulk))
+    if not bulk.succeeded:
+        _exit_problem()
+
+
+@main.group()
+def deletions() -> None:
+    """List and retry collection deletions."""
+
+
+@deletions.command("list")
+@click.option(
+    "--state", type=click.Choice(_STATES), default="failed", show_default=True, help="State."
+)
+@limit_option(operator.DEFAULT_LIST_LIMIT)
+@click.option("--cursor", default=None, help="The next cursor printed by the previous page.")
+@database_url_option
+@json_option
+def deletions_list(
+    state: str, limit: int, cursor: str | None, database_url: str | None, as_json: bool
+) -> None:
+    """A page of deletion tombstones in one state, newest first (never lease tokens)."""
+    page = operator.list_deletions(_engine(database_url), state=state, limit=limit, cursor=cursor)
+    title = f"Collection deletions ({state})"
+    _print_page(title, page.items, page.next_cursor, as_json, DELETION_COLUMNS)
+
+
+@deletions.command("retry")
+@click.option("--collection-id", default=None, help="Id of the collection being deleted.")
+@click.option("--collection", default=None, help="Slug of the collection being deleted.")
+@database_url_option
+@json_option
+def deletions_retry(
+    collection_id: str | None, collection: str | None, database_url: str | None, as_json: bool
+) -> None:
+    """Reopen a failed or stalled deletion in its phase. Exit 1 unless it was reopened."""
+    report = operator.retry_deletion(
+        _engine(database_url), collection_id=collection_id, collection=collection
+    )
+    _finish_retry(f"Deletion of {collection or collection_id}", report, as_json)
+
+
+@main.group()
+def reconciliations() -> None:
+    """List and retry collection reconciliations."""
+
+
+@reconciliations.command("list")
+@database_url_option
+@json_option
+def reconciliations_list(database_url: str | None, as_json: bool) -> None:
+    """Every collection's reconciliation: state, phase, attempts, next attempt, lease expiry."""
+    items = operator.list_reconciliations(_engine(database_url))
+    _print_page("Reconciliations", items, None, as_json, RECONCILIATION_COLUMNS)
+
+
+@reconciliations.command("retry")
+@click.option("--collection", required=True, help="Collection slug.")
+@database_url_option
+@json_option
+def reconciliations_retry(collection: str, database_url: str | None, as_json: bool) -> None:
+    """Reopen a failed, retrying or abandoned reconciliation as a fresh scan. Exit 1 unless it
+    was reopened."""
+    report = operator.retry_reconciliation(_engine(database_url), collection)
+    _finish_retry(f"Reconciliation of {collection}", report, as_json)
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _columns(*field_names: str) -> dict[str, str]:
+    """Table headers for dataclass fields: the field name, spaced."""
+    return {name.replace("_", " "): name for name in field_names}
+
+
+# What each listing shows in its table (--json has every field): the identifying column
+# first, never wrapped; the page's own collection is in the title, not repeated per row.
+WORK_COLUMNS = _columns(
+    "content_id",
+    "state",
+    "attempt_count",
+    "next_attempt_at",
+    "lease_expires_at",
+    "last_error_code",
+    "updated_at",
+)
+DELETION_COLUMNS = _columns(
+    "collection_slug",
+    "collection_id",
+    "state",
+    "phase",
+    "attempt_count",
+    "next_attempt_at",
+    "lease_expires_at",
+    "last_error_code",
+)
+RECONCILIATION_COLUMNS = _columns(
+    "collection_slug",
+    "state",
+    "phase",
+    "target_epoch",
+    "attempt_count",
+    "next_attempt_at",
+    "lease_expires_at",
+    "last_error_code",
+)
+STATUS_COLUMNS = {
+    "collection": "collection_slug",
+    "capture": "capture_state",
+    "coverage": "status",
+    "epoch": "change_epoch",
+    "required": "reconciliation_required",
+    "entries": "entries",
+    "sources": "sources",
+    "occurrences": "occurrences",
+    "pending": "pending_work",
+    "failed": "failed_work",
+    "last error": "last_error_code",
+}
+
+
+def items_table(title: str, items: Sequence[Any], columns: Mapping[str, str]) -> Table:
+    """One row per item; `columns` maps each header to the item's field."""
+    table = Table(title=title)
+    for index, header in enumerate(columns):
+        table.add_column(header, overflow="fold", no_wrap=index == 0)
+    for item in items:
+        table.add_row(*(_cell(getattr(item, name)) for name in columns.values()))
+    return table
+
+
+def _print_page(
+    title: str,
+    items: Sequence[Any],
+    next_cursor: str | None,
+    as_json: bool,
+    columns: Mapping[str, str],
+) -> None:
+    if as_json:
+        rows = [dataclasses.asdict(item) for item in items]
+        _print_json({"items": rows, "next_cursor": next_cursor})
+        return
+    if not items:
+        click.echo(f"{title}: none")
+        return
+    console.print(items_table(title, items, columns))
+    if next_cursor:
+        click.echo(f"More: --cursor {next_cursor}")
+
+
+def _retry_explanation(report: operator.RetryReport) -> str:
+    outcome = operator.RetryOutcome
+    if report.outcome is outcome.PENDING:
+        return "reopened, it will run again" if report.changed else "already pending, unchanged"
+    if report.outcome is outcome.LEASE_ACTIVE:
+        return f"a worker holds it until {report.lease_expires_at}; retry after that"
+    if report.outcome is outcome.CONFLICT:
+        return "not retryable now (pending, or changed meanwhile); list it and try again"
+    return "nothing to retry"
+
+
+def _finish_retry(what: str, report: operator.RetryReport, as_json: bool) -> None:
+    if as_json:
+        _print_json(report.as_dict())
+    else:
+        click.echo(f"{what}: {report.outcome.value} ({_retry_explanation(report)})")
+    if not report.succeeded:
+        _exit_problem()
+
+
+def _bulk_message(bulk: operator.BulkRetryReport) -> str:
+    if bulk.attempted == 0:
+        return f"Work of {bulk.collection_slug}: no failed work"
+    counts = ", ".join(f"{count} {outcome}" for outcome, count in bulk.counts.items())
+    more = "; more failed work remains, run again" if bulk.more_failed else ""
+    return f"Work of {bulk.collection_slug}: {counts} ({bulk.changed} reopened){more}"
+
+
+def status_table(engine: Engine) -> Table:
+    """Coverage per collection: what `media-usage status` prints."""
+    return _status_table(operator.collection_statuses(engine))
+
+
+def _status_table(statuses: Sequence[operator.CollectionStatus]) -> Table:
+    return items_table("Media usage coverage", statuses, STATUS_COLUMNS)
 
 
 def verify_summary_table(report: VerifyReport) -> Table:
@@ -113,42 +542,6 @@ def verify_differences_table(report: VerifyReport, limit: int) -> Table:
             difference.detail,
         )
     return table
-
-
-def collections_table(engine: Engine) -> Table:
-    table = Table(title="Collections")
-    for header in ("collection", "id", "entries", "drafts", "trashed", "coverage", "capture"):
-        table.add_column(header)
-    status = schema.index_status
-    with engine.connect() as connection:
-        registry = connection.execute(
-            select(schema.collections.c.id, schema.collections.c.slug).order_by(
-                schema.collections.c.slug
-            )
-        ).all()
-        for collection_id, slug in registry:
-            counts = _entry_counts(connection, slug)
-            row = connection.execute(
-                select(status.c.status, status.c.capture_state).where(
-                    status.c.scope_key == slug, status.c.adapter_id == schema.CONTENT_ADAPTER_ID
-                )
-            ).first()
-            coverage, capture = (row.status, row.capture_state) if row else ("-", None)
-            table.add_row(slug, collection_id, *map(str, counts), coverage, capture or "legacy")
-    return table
-
-
-def _entry_counts(connection, slug: str) -> tuple[int, int, int]:
-    content = schema.content_table(slug)
-    name = content_table_name(slug)
-    assert content.name == name
-    return connection.execute(
-        select(
-            func.count(),
-            func.count(content.c.draft_revision_id),
-            func.count(content.c.deleted_at),
-        ).select_from(content)
-    ).one()
 
 
 if __name__ == "__main__":  # pragma: no cover

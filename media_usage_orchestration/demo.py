@@ -352,12 +352,31 @@ def runs_table(runs: Sequence[Any]) -> Table:
 
 
 def content_table(engine: Engine) -> Table:
-    from .cli import collections_table
+    """The demo content per collection, as written (before capture is activated)."""
+    table = Table(title="Demo content")
+    for header in ("collection", "entries", "with a draft", "trashed"):
+        table.add_column(header)
+    with read_transaction(engine) as connection:
+        slugs = connection.execute(
+            select(schema.collections.c.slug).order_by(schema.collections.c.slug)
+        ).scalars()
+        for slug in list(slugs):
+            table.add_row(slug, *map(str, _entry_counts(connection, slug)))
+    return table
 
-    return collections_table(engine)
+
+def _entry_counts(connection, slug: str) -> tuple[int, int, int]:
+    content = schema.content_table(slug)
+    return connection.execute(
+        select(
+            func.count(),
+            func.count(content.c.draft_revision_id),
+            func.count(content.c.deleted_at),
+        ).select_from(content)
+    ).one()
 
 
 def _status_table(engine: Engine) -> Table:
-    from .cli import collections_table
+    from .cli import status_table
 
-    return collections_table(engine)
+    return status_table(engine)

@@ -130,15 +130,19 @@ def _operator_job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDef
 retry_media_usage_work_job = _operator_job(
     "retry_media_usage_work",
     reopen_failed_work,
-    "Operator action: reopen a collection's failed work (all of it, or the given entries).",
+    "Operator action: reopen one entry's work (content_id), or every failed entry of a "
+    "collection; a live lease is never taken. The outcome is in the run's media_usage/outcome "
+    "tag and the op's metadata.",
 )
 retry_collection_deletion_job = _operator_job(
     "retry_collection_deletion",
     reopen_collection_deletion,
-    "Operator action: reopen a failed or stalled collection deletion in its phase.",
+    "Operator action: reopen a failed or stalled collection deletion in its phase, named by "
+    "collection id or slug; a live lease is never taken.",
 )
 retry_media_usage_reconciliation_job = _operator_job(
     "retry_media_usage_reconciliation",
     reopen_reconciliation,
-    "Operator action: reopen a collection's failed reconciliation as a fresh scan.",
+    "Operator action: reopen a collection's failed, retrying or abandoned reconciliation as a "
+    "fresh scan; a live lease is never taken.",
 )

@@ -34,10 +34,12 @@ def record_coverage(
     slug: str,
     duration_seconds: float | None = None,
     **counts: int,
-) -> CollectionCoverage:
+) -> CollectionCoverage | None:
     """Materialize the collection's partition with what its index holds now. The duration is
     the run's own when given, else how long the completed coverage took."""
-    coverage = read_collection_coverage(engine, collection_id, slug)
+    coverage = read_collection_coverage(engine, collection_id)
+    if coverage is None:  # deleted since: its partition has nothing left to show
+        return None
     if duration_seconds is None:
         duration_seconds = coverage_duration_seconds(coverage)
     metadata = coverage_metadata(coverage)
@@ -55,7 +57,9 @@ def record_failed_coverage(
     context: dg.OpExecutionContext, engine: Engine, collection_id: str, slug: str
 ) -> None:
     """Observe the partition as failed, with the error code its status row published."""
-    coverage = read_collection_coverage(engine, collection_id, slug)
+    coverage = read_collection_coverage(engine, collection_id)
+    if coverage is None:
+        return
     _ensure_partition(context, slug)
     context.log_event(
         dg.AssetObservation(
@@ -74,12 +78,13 @@ def coverage_metadata(coverage: CollectionCoverage) -> dict[str, dg.MetadataValu
     metadata: dict[str, dg.MetadataValue] = {
         "collection_id": dg.MetadataValue.text(coverage.collection_id),
         "coverage": dg.MetadataValue.text(coverage.status or "none"),
-        "entries": dg.MetadataValue.int(coverage.entries),
         "sources": dg.MetadataValue.int(coverage.sources),
         "occurrences": dg.MetadataValue.int(coverage.occurrences),
         "pending_work": dg.MetadataValue.int(coverage.pending_work),
         "failed_work": dg.MetadataValue.int(coverage.failed_work),
     }
+    if coverage.entries is not None:
+        metadata["entries"] = dg.MetadataValue.int(coverage.entries)
     if coverage.change_epoch is not None:
         metadata["change_epoch"] = dg.MetadataValue.int(coverage.change_epoch)
     return metadata

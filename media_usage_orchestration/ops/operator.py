@@ -1,92 +1,116 @@
-"""Operator actions from the Launchpad: retry failed work, a stalled deletion, a failed
-reconciliation. Each is EmDash's guarded operator retry; none steals a live lease."""
+"""Operator actions from the Launchpad: retry work, a stalled deletion, a failed
+reconciliation. Each is EmDash's guarded operator retry (`processing/operator.py`); none
+steals a live lease.
+
+The outcome is the `outcome` output's metadata and the run's `media_usage/outcome` tag, as for
+every other op. Refusals that are not bad input (lease_active, conflict, not_found) end the
+run successfully with that outcome: nothing was wrong with the request, the row was simply not
+reopenable. Bad input fails the run at once (no retry) and changes nothing.
+"""
+
+import contextlib
+from collections.abc import Iterator
 
 import dagster as dg
 from pydantic import Field
 
-from ..ops.reconciliation import collection_id_for
+from ..processing.operator import (
+    MAX_LIMIT,
+    OperatorInputError,
+    RetryReport,
+    retry_deletion,
+    retry_failed_work,
+    retry_reconciliation,
+    retry_work_item,
+)
 from ..resources.database import MediaUsageDatabase
-from ..store.deletions import DeletionRepository
-from ..store.deletions import RetryOutcome as DeletionRetryOutcome
-from ..store.identifiers import validate_identifier
-from ..store.reconciliations import OperatorRetryOutcome as ReconciliationRetryOutcome
-from ..store.reconciliations import ReconciliationRepository
-from ..store.records import LeaseState
-from ..store.work import OperatorRetryOutcome as WorkRetryOutcome
-from ..store.work import WorkRepository
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from .leased import StepReport, emit
+
+_OUTCOME_OUT = {"outcome": dg.Out(dg.Nothing, description="What the retry did (see metadata).")}
+
+
+@contextlib.contextmanager
+def _refusing_bad_input() -> Iterator[None]:
+    """Bad input fails the run without retries; transient database errors are retried."""
+    with retry_transient_errors_only():
+        try:
+            yield
+        except OperatorInputError as error:
+            raise dg.Failure(
+                description=str(error), metadata={"code": error.code}, allow_retries=False
+            ) from None
+
+
+def _single_report(report: RetryReport, **identity: str) -> StepReport:
+    metadata: dict = {**identity, "changed": report.changed}
+    if report.lease_expires_at is not None:
+        metadata["lease_expires_at"] = report.lease_expires_at
+    return StepReport(report.outcome.value, None, metadata)
 
 
 class RetryFailedWorkConfig(dg.Config):
-    collection: str = Field(description="Slug of the collection whose failed work to retry.")
-    content_ids: list[str] = Field(
-        default_factory=list, description="Entries to retry; empty means every failed entry."
+    collection: str = Field(description="Slug of the collection whose work to retry.")
+    content_id: str | None = Field(
+        default=None,
+        description="The one entry to retry (its work is reopened, or created if absent). "
+        "Leave unset to retry every failed entry of the collection, at most `limit`.",
     )
-    limit: int = Field(default=100, ge=1, le=100, description="Failed entries per run.")
-
-
-def _refuse(message: str, **metadata) -> dg.Failure:
-    return dg.Failure(message, metadata=metadata, allow_retries=False)
+    limit: int = Field(
+        default=MAX_LIMIT,
+        description=f"Without content_id: failed entries retried by this run, 1 to {MAX_LIMIT} "
+        "(the newest failures first; the metadata says whether more remain).",
+    )
 
 
 @dg.op(
-    out=dg.Out(dg.Nothing),
+    out=_OUTCOME_OUT,
     retry_policy=TRANSIENT_RETRY_POLICY,
-    description="Reopen failed work (version + 1, coverage invalidated) so it is processed again.",
+    description="Reopen an entry's work, or every failed entry's, as pending at a new coverage "
+    "epoch (version + 1, attempts cleared) so it is processed again.",
 )
 def reopen_failed_work(
     context: dg.OpExecutionContext, config: RetryFailedWorkConfig, database: MediaUsageDatabase
 ):
-    validate_identifier(config.collection, "collection slug")
-    repository = WorkRepository(database.engine)
-    with retry_transient_errors_only():
-        collection_id = collection_id_for(database.engine, config.collection)
-        if collection_id is None:
-            raise _refuse(f"Collection {config.collection!r} does not exist")
-        content_ids = config.content_ids or _failed_content_ids(repository, config)
-        counts: dict[str, int] = {}
-        for content_id in content_ids:
-            result = repository.retry_operator_work(collection_id, content_id)
-            key = _work_outcome(result.outcome, result.changed)
-            counts[key] = counts.get(key, 0) + 1
-    context.log.info(f"retried {len(content_ids)} work items of {config.collection!r}: {counts}")
-    yield dg.Output(None, metadata={"collection": config.collection, **counts})
-
-
-def _failed_content_ids(repository: WorkRepository, config: RetryFailedWorkConfig) -> list[str]:
-    page = repository.find_operator_page(
-        config.collection, state=LeaseState.FAILED, limit=config.limit
-    )
-    return [item.content_id for item in page.items] if page else []
-
-
-def _work_outcome(outcome: WorkRetryOutcome, changed: bool) -> str:
-    if outcome is WorkRetryOutcome.PENDING:
-        return "reopened" if changed else "already_pending"
-    return outcome.value
+    with _refusing_bad_input():
+        if config.content_id is None:
+            bulk = retry_failed_work(database.engine, config.collection, limit=config.limit)
+            metadata = {**bulk.counts, "changed": bulk.changed, "more_failed": bulk.more_failed}
+            report = StepReport(bulk.outcome, None, {"collection": config.collection, **metadata})
+        else:
+            single = retry_work_item(database.engine, config.collection, config.content_id)
+            report = _single_report(
+                single, collection=config.collection, content_id=config.content_id
+            )
+    yield from emit(context, report)
 
 
 class RetryDeletionConfig(dg.Config):
-    collection_id: str = Field(description="Immutable id of the collection being deleted.")
+    collection_id: str | None = Field(
+        default=None,
+        description="Immutable id of the collection being deleted (set this or `collection`).",
+    )
+    collection: str | None = Field(
+        default=None,
+        description="Slug of the collection being deleted (set this or `collection_id`).",
+    )
 
 
 @dg.op(
-    out=dg.Out(dg.Nothing),
+    out=_OUTCOME_OUT,
     retry_policy=TRANSIENT_RETRY_POLICY,
     description="Reopen a failed, backing-off or abandoned deletion tombstone in its phase.",
 )
 def reopen_collection_deletion(
     context: dg.OpExecutionContext, config: RetryDeletionConfig, database: MediaUsageDatabase
 ):
-    with retry_transient_errors_only():
-        result = DeletionRepository(database.engine).retry_operator_deletion(config.collection_id)
-    metadata = {"outcome": result.outcome.value, "collection_id": config.collection_id}
-    if result.outcome is DeletionRetryOutcome.NOT_FOUND:
-        raise _refuse(f"No deletion tombstone for collection {config.collection_id!r}", **metadata)
-    if result.outcome is DeletionRetryOutcome.LEASE_ACTIVE:
-        metadata["lease_expires_at"] = result.lease_expires_at
-    context.log.info(f"deletion retry: {result.outcome.value}")
-    yield dg.Output(None, metadata=metadata)
+    with _refusing_bad_input():
+        result = retry_deletion(
+            database.engine, collection_id=config.collection_id, collection=config.collection
+        )
+    named = {"collection_id": config.collection_id, "collection": config.collection}
+    identity = {key: value for key, value in named.items() if value is not None}
+    yield from emit(context, _single_report(result, **identity))
 
 
 class RetryReconciliationConfig(dg.Config):
@@ -94,20 +118,13 @@ class RetryReconciliationConfig(dg.Config):
 
 
 @dg.op(
-    out=dg.Out(dg.Nothing),
+    out=_OUTCOME_OUT,
     retry_policy=TRANSIENT_RETRY_POLICY,
     description="Reopen a failed (or backing-off, or abandoned) reconciliation as a fresh scan.",
 )
 def reopen_reconciliation(
     context: dg.OpExecutionContext, config: RetryReconciliationConfig, database: MediaUsageDatabase
 ):
-    with retry_transient_errors_only():
-        collection_id = collection_id_for(database.engine, config.collection)
-        if collection_id is None:
-            raise _refuse(f"Collection {config.collection!r} does not exist")
-        result = ReconciliationRepository(database.engine).retry_failed_by_operator(collection_id)
-    metadata = {"outcome": result.outcome.value, "collection": config.collection}
-    if result.outcome is ReconciliationRetryOutcome.LEASE_ACTIVE:
-        metadata["lease_expires_at"] = result.lease_expires_at
-    context.log.info(f"reconciliation retry of {config.collection!r}: {result.outcome.value}")
-    yield dg.Output(None, metadata=metadata)
+    with _refusing_bad_input():
+        result = retry_reconciliation(database.engine, config.collection)
+    yield from emit(context, _single_report(result, collection=config.collection))

@@ -1,103 +1,139 @@
-"""What a collection's index holds right now: the numbers operators plot and read.
+"""What each collection's index holds right now: the numbers `media-usage status` shows and the
+coverage asset plots.
 
-Read-only, one statement per number inside one read transaction. Occurrences count only the
-current generation of each source (older generations are abandoned rows awaiting cleanup).
+Read-only, inside one read transaction. Sources count the collection's canonical sources;
+occurrences only those of each source's current generation (older generations are abandoned
+rows awaiting cleanup). Entries count the rows of `ec_<slug>`, trashed ones included.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, select
+from sqlalchemy import Connection, Engine, and_, column, func, select, table
 
 from .engine import read_transaction
-from .identifiers import validate_identifier
-from .schema import CONTENT_ADAPTER_ID, content_table, index_status, occurrences, sources, work
+from .identifiers import content_table_name
+from .predicates import is_content_collection_status
+from .records import LeaseState
+from .schema import collections, index_status, occurrences, sources, work
+from .sources import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
 
 
 @dataclass(frozen=True)
 class CollectionCoverage:
+    """A registry collection's coverage row, index and work. Status fields are None for a
+    collection without a status row (never activated); `entries` is None while its content
+    table is missing (mid-deletion)."""
+
     collection_id: str
     collection_slug: str
+    capture_state: str | None
     status: str | None
     change_epoch: int | None
-    reconciliation_required: bool
-    last_error_code: str | None
-    started_at: str | None
-    completed_at: str | None
-    entries: int
+    reconciliation_required: bool | None
+    entries: int | None
     sources: int
     occurrences: int
     pending_work: int
     failed_work: int
+    last_error_code: str | None
+    started_at: str | None
+    completed_at: str | None
+
+    @property
+    def needs_operator(self) -> bool:
+        """Failed work or failed coverage waits for an operator's retry."""
+        return self.failed_work > 0 or self.status == "failed"
 
 
-def read_collection_coverage(engine: Engine, collection_id: str, slug: str) -> CollectionCoverage:
-    validate_identifier(slug, "collection slug")
+def read_all_coverage(engine: Engine) -> tuple[CollectionCoverage, ...]:
+    """Every registry collection, by slug."""
     with read_transaction(engine) as connection:
-        return collection_coverage(connection, collection_id, slug)
+        rows = connection.execute(_registry_with_status().order_by(collections.c.slug)).all()
+        return tuple(_coverage(connection, row) for row in rows)
 
 
-def collection_coverage(
-    connection: Connection, collection_id: str, slug: str
-) -> CollectionCoverage:
-    status = connection.execute(
-        select(
-            index_status.c.status,
-            index_status.c.change_epoch,
-            index_status.c.reconciliation_required,
-            index_status.c.last_error_code,
-            index_status.c.started_at,
-            index_status.c.completed_at,
-        ).where(
-            index_status.c.adapter_id == CONTENT_ADAPTER_ID,
-            index_status.c.scope_key == slug,
-            index_status.c.collection_id == collection_id,
-        )
-    ).first()
-    pending, failed = _work_counts(connection, collection_id)
+def read_collection_coverage(engine: Engine, collection_id: str) -> CollectionCoverage | None:
+    """One registry collection; None once it left the registry."""
+    statement = _registry_with_status().where(collections.c.id == collection_id)
+    with read_transaction(engine) as connection:
+        row = connection.execute(statement).first()
+        return None if row is None else _coverage(connection, row)
+
+
+def _registry_with_status():
+    status_row = and_(
+        is_content_collection_status(), index_status.c.scope_key == collections.c.slug
+    )
+    return select(
+        collections.c.id,
+        collections.c.slug,
+        index_status.c.capture_state,
+        index_status.c.status,
+        index_status.c.change_epoch,
+        index_status.c.reconciliation_required,
+        index_status.c.last_error_code,
+        index_status.c.started_at,
+        index_status.c.completed_at,
+    ).select_from(collections.outerjoin(index_status, status_row))
+
+
+def _coverage(connection: Connection, row: Any) -> CollectionCoverage:
+    work_counts = _work_counts(connection, row.id)
+    source_count, occurrence_count = _index_counts(connection, row.id)
+    required = row.reconciliation_required
     return CollectionCoverage(
-        collection_id=collection_id,
-        collection_slug=slug,
-        status=status.status if status else None,
-        change_epoch=status.change_epoch if status else None,
-        reconciliation_required=bool(status.reconciliation_required) if status else False,
-        last_error_code=status.last_error_code if status else None,
-        started_at=status.started_at if status else None,
-        completed_at=status.completed_at if status else None,
-        entries=_count(connection, select(func.count()).select_from(content_table(slug))),
-        sources=_count(
-            connection,
-            select(func.count()).where(sources.c.collection_id == collection_id),
-        ),
-        occurrences=_count(
-            connection,
-            select(func.count())
-            .select_from(occurrences)
-            .join(
-                sources,
-                and_(
-                    sources.c.source_key == occurrences.c.source_key,
-                    sources.c.current_generation == occurrences.c.generation,
-                ),
-            )
-            .where(sources.c.collection_id == collection_id),
-        ),
-        pending_work=pending,
-        failed_work=failed,
+        collection_id=row.id,
+        collection_slug=row.slug,
+        capture_state=row.capture_state,
+        status=row.status,
+        change_epoch=int(row.change_epoch) if row.change_epoch is not None else None,
+        reconciliation_required=bool(required) if required is not None else None,
+        entries=_entry_count(connection, row.slug),
+        sources=source_count,
+        occurrences=occurrence_count,
+        pending_work=sum(n for state, n in work_counts.items() if state != LeaseState.FAILED),
+        failed_work=work_counts.get(LeaseState.FAILED.value, 0),
+        last_error_code=row.last_error_code,
+        started_at=row.started_at,
+        completed_at=row.completed_at,
     )
 
 
-def _count(connection: Connection, statement) -> int:
-    return int(connection.execute(statement).scalar_one())
+def _entry_count(connection: Connection, slug: str) -> int | None:
+    table_name = content_table_name(slug)
+    if not connection.dialect.has_table(connection, table_name):
+        return None
+    content = table(table_name, column("id"))
+    return connection.execute(select(func.count()).select_from(content)).scalar_one()
 
 
-def _work_counts(connection: Connection, collection_id: str) -> tuple[int, int]:
-    failed = work.c.state == "failed"
-    row = connection.execute(
-        select(
-            func.count().filter(~failed),
-            func.count().filter(failed),
-        ).where(work.c.collection_id == collection_id)
-    ).one()
-    return int(row[0]), int(row[1])
+def _work_counts(connection: Connection, collection_id: str) -> dict[str, int]:
+    statement = (
+        select(work.c.state, func.count())
+        .where(work.c.collection_id == collection_id)
+        .group_by(work.c.state)
+    )
+    return {state: count for state, count in connection.execute(statement).all()}
+
+
+def _index_counts(connection: Connection, collection_id: str) -> tuple[int, int]:
+    """Canonical sources of the collection, and the occurrences of their current generation."""
+    canonical = and_(
+        sources.c.source_type == SOURCE_TYPE_CONTENT,
+        sources.c.collection_id == collection_id,
+        sources.c.identity_version == CANONICAL_IDENTITY_VERSION,
+    )
+    source_count = connection.execute(
+        select(func.count()).select_from(sources).where(canonical)
+    ).scalar_one()
+    current = and_(
+        occurrences.c.source_key == sources.c.source_key,
+        occurrences.c.generation == sources.c.current_generation,
+    )
+    occurrence_count = connection.execute(
+        select(func.count()).select_from(occurrences.join(sources, current)).where(canonical)
+    ).scalar_one()
+    return source_count, occurrence_count

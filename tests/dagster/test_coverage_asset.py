@@ -58,7 +58,7 @@ def test_a_completed_reconciliation_materializes_its_collection_partition(db):
         assert _materializations(instance, "pages") == []
 
     status = status_row(db.engine, "articles")
-    coverage = read_collection_coverage(db.engine, articles.id, "articles")
+    coverage = read_collection_coverage(db.engine, articles.id)
     occurrences = count(db.engine, schema.occurrences)
     assert occurrences > 0
     assert {key: metadata[key] for key in ("coverage", "collection_id", "change_epoch")} == {
