@@ -17,7 +17,7 @@ from media_usage_orchestration.demo import (
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.schema import missing_tables
-from tests.support import all_rows
+from tests.support import all_rows, snapshot
 
 SMALL = (
     DemoCollection("articles", "art", 40),
@@ -49,24 +49,17 @@ def _runs_by_job(home) -> dict[str, list[dg.DagsterRun]]:
     return by_job
 
 
-@pytest.mark.slow
-def test_the_demo_runs_every_workflow_through_the_instance(empty_db, tmp_path):
-    home = tmp_path / ".dagster_home"
-
-    code, output = _demo(empty_db, home)
-
+def _assert_demo_outcome(db, home, code: int, output: str) -> None:
     assert code == 0, output
     assert "verify: 0 differences (no drift)" in output
     assert f"{DELETED_COLLECTION}: deleted" in output
-    assert "Open the UI with make dev" in output
-    slugs = sorted(row["slug"] for row in all_rows(empty_db.engine, schema.collections))
+    assert "Media usage coverage" in output and "Open the UI with make dev" in output
+    slugs = sorted(row["slug"] for row in all_rows(db.engine, schema.collections))
     assert slugs == ["articles", "pages"]
-    statuses = {
-        row["scope_key"]: row["status"] for row in all_rows(empty_db.engine, schema.index_status)
-    }
+    statuses = {row["scope_key"]: row["status"] for row in all_rows(db.engine, schema.index_status)}
     assert statuses == {"articles": "complete", "pages": "complete"}
-    assert not verify_index(empty_db.engine).has_drift
-    assert all_rows(empty_db.engine, schema.work) == []
+    assert not verify_index(db.engine).has_drift
+    assert all_rows(db.engine, schema.work) == []
     runs = _runs_by_job(home)
     assert set(runs) == JOBS
     assert all(run.status == dg.DagsterRunStatus.SUCCESS for job in runs.values() for run in job)
@@ -76,20 +69,24 @@ def test_the_demo_runs_every_workflow_through_the_instance(empty_db, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_second_demo_starts_over_on_sqlite_and_refuses_a_used_server_database(empty_db, tmp_path):
+def test_the_demo_runs_every_workflow_and_a_second_demo_starts_over(empty_db, tmp_path):
+    """On SQLite the second demo starts over (its own file, its own instance history); a
+    server database it already filled is refused, and left as it is."""
     home = tmp_path / ".dagster_home"
-    assert _demo(empty_db, home)[0] == 0
+    _assert_demo_outcome(empty_db, home, *_demo(empty_db, home))
     first_runs = sum(len(runs) for runs in _runs_by_job(home).values())
 
     if empty_db.dialect == "sqlite":
         code, output = _demo(empty_db, home)
-        assert code == 0, output
         assert "Starting over: removing the previous demo database" in output
         assert "Starting over: clearing the demo's Dagster history" in output
+        _assert_demo_outcome(empty_db, home, code, output)
         assert sum(len(runs) for runs in _runs_by_job(home).values()) == first_runs
     else:
+        before = snapshot(empty_db.engine)
         with pytest.raises(click.ClickException, match="needs an empty database"):
             _demo(empty_db, home)
+        assert snapshot(empty_db.engine) == before
 
 
 def test_the_demo_never_clears_an_instance_it_did_not_create(empty_db, tmp_path):

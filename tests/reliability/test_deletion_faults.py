@@ -64,7 +64,16 @@ HOLD_BATCH = 3  # the third batch: the last one of the first source
 
 @pytest.fixture
 def instance():
-    with dg.instance_for_test() as instance:
+    # Jobs here run in worker threads. Compute-log capture redirects the process's stdout and
+    # stderr through a `tail` subprocess, which is neither thread-safe nor needed here: under
+    # load its clean-up alone exceeded the tests' waits.
+    no_compute_logs = {
+        "compute_logs": {
+            "module": "dagster._core.storage.noop_compute_log_manager",
+            "class": "NoOpComputeLogManager",
+        }
+    }
+    with dg.instance_for_test(overrides=no_compute_logs) as instance:
         yield instance
 
 
