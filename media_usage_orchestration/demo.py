@@ -49,6 +49,8 @@ DELETED_COLLECTION = "products"
 # Written by `make demo` and `make dev` into the project's local instance directory: only a
 # directory carrying it is ever cleared.
 LOCAL_INSTANCE_MARKER = ".media_usage_local_instance"
+# Beside a SQLite file the demo created: only such a file is ever removed by a later demo.
+DEMO_DATABASE_MARKER_SUFFIX = ".demo"
 UI_URL = "http://127.0.0.1:3000"
 
 
@@ -77,24 +79,42 @@ def run_demo(
 
 
 def _prepare_database(url: str, console: Console) -> Engine:
-    """The embedded SQLite demo starts over (its file is the demo's own); any other database
-    must be empty, since the demo never removes content it did not write."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database:
-        files = [Path(parsed.database + suffix) for suffix in ("", "-wal", "-shm")]
-        if any(path.exists() for path in files):
-            console.print(f"Starting over: removing the previous demo database {files[0]}")
-        for path in files:
-            path.unlink(missing_ok=True)
+    """A SQLite file an earlier demo made (it left a marker beside it) starts over; any other
+    database must hold no collections, since the demo never removes content it did not write.
+    A refused database is left exactly as it was."""
+    demo_file = _sqlite_file(url)
+    marker = Path(f"{demo_file}{DEMO_DATABASE_MARKER_SUFFIX}") if demo_file else None
+    if marker is not None and marker.exists():
+        console.print(f"Starting over: removing the previous demo database {demo_file}")
+        for suffix in ("", "-wal", "-shm", DEMO_DATABASE_MARKER_SUFFIX):
+            Path(f"{demo_file}{suffix}").unlink(missing_ok=True)
     engine = create_database_engine(url)
+    if _holds_collections(engine):
+        engine.dispose()
+        raise click.ClickException(
+            f"The demo needs an empty database; {redacted_url(url)} already holds collections "
+            "(nothing was changed)."
+        )
     with engine.begin() as connection:
         schema.install_schema(connection)
-        existing = connection.execute(select(func.count()).select_from(schema.collections))
-        if existing.scalar_one():
-            raise click.ClickException(
-                "The demo needs an empty database; this one already holds collections."
-            )
+    if marker is not None:
+        marker.touch()
     return engine
+
+
+def _sqlite_file(url: str) -> str | None:
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
+
+
+def _holds_collections(engine: Engine) -> bool:
+    with read_transaction(engine) as connection:
+        if not inspect(connection).has_table(schema.collections.name):
+            return False
+        count = select(func.count()).select_from(schema.collections)
+        return connection.execute(count).scalar_one() > 0
 
 
 def _write_content(engine: Engine, collections: Sequence[DemoCollection]) -> None:

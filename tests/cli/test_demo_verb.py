@@ -1,8 +1,6 @@
 """`media-usage demo` from the command line: what it refuses, before touching anything. The
 demo itself runs end to end in tests/test_demo.py."""
 
-import pytest
-
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.schema import missing_tables
@@ -23,8 +21,7 @@ def test_demo_refuses_a_dagster_home_it_did_not_create(empty_db, tmp_path):
 
 
 def test_demo_refuses_a_database_that_already_holds_collections(db, tmp_path):
-    if db.dialect == "sqlite":
-        pytest.skip("the embedded demo database is the demo's own file: it starts over")
+    """On SQLite too: only a file an earlier demo created is ever removed."""
     CmsWriter(db.engine).create_collection("posts", IMAGE_ONLY)
     before = snapshot(db.engine)
 
