@@ -7,6 +7,7 @@ gets its own schema there and its own file on SQLite. With MEDIA_USAGE_REQUIRE_P
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -68,27 +69,52 @@ def _postgres_schema_url(schema: str) -> str:
     )
 
 
+def require_postgres() -> None:
+    """Skip the test without a server, or fail it when MEDIA_USAGE_REQUIRE_POSTGRES=1."""
+    problem = _check_postgres()
+    if problem:
+        if postgres_required():
+            pytest.fail(f"{problem} and MEDIA_USAGE_REQUIRE_POSTGRES=1")
+        pytest.skip(problem)
+
+
+@contextlib.contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A schema of its own on the test server, dropped afterwards: yields a URL whose
+    search_path is that schema."""
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield _postgres_schema_url(schema)
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def installed_database(dialect: str, url: str) -> Iterator[TestDatabase]:
+    """The database at `url` with EmDash's schema installed; its engine disposed afterwards."""
+    engine = create_database_engine(url)
+    try:
+        with engine.begin() as connection:
+            install_schema(connection)
+        yield TestDatabase(dialect, url, engine)
+    finally:
+        engine.dispose()
+
+
 @pytest.fixture
 def database_url(request, tmp_path) -> Iterator[tuple[str, str]]:
     dialect = request.param
     if dialect == "sqlite":
         yield dialect, f"sqlite:///{tmp_path / 'media_usage.db'}"
         return
-    problem = _check_postgres()
-    if problem:
-        if postgres_required():
-            pytest.fail(f"{problem} and MEDIA_USAGE_REQUIRE_POSTGRES=1")
-        pytest.skip(problem)
-    schema = f"t_{uuid.uuid4().hex[:16]}"
-    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield dialect, _postgres_schema_url(schema)
-    finally:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
+    require_postgres()
+    with postgres_schema() as url:
+        yield dialect, url
 
 
 @pytest.fixture

@@ -24,21 +24,18 @@ WORK_JOB = defs.resolve_job_def("media_usage_work")
 
 
 def _materializations(instance: dg.DagsterInstance, slug: str) -> list[dict]:
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=MEDIA_USAGE_INDEX, asset_partitions=[slug]),
-        limit=100,
-        ascending=True,
-    ).records
-    return [plain(record.asset_materialization.metadata) for record in records]
+    """The partition's materializations' metadata, oldest first."""
+    records = instance.fetch_materializations(_partition(slug), limit=100, ascending=True)
+    return [plain(record.asset_materialization.metadata) for record in records.records]
 
 
 def _observations(instance: dg.DagsterInstance, slug: str) -> list[dict]:
-    records = instance.fetch_observations(
-        dg.AssetRecordsFilter(asset_key=MEDIA_USAGE_INDEX, asset_partitions=[slug]),
-        limit=100,
-        ascending=True,
-    ).records
-    return [plain(record.asset_observation.metadata) for record in records]
+    records = instance.fetch_observations(_partition(slug), limit=100, ascending=True)
+    return [plain(record.asset_observation.metadata) for record in records.records]
+
+
+def _partition(slug: str) -> dg.AssetRecordsFilter:
+    return dg.AssetRecordsFilter(asset_key=MEDIA_USAGE_INDEX, asset_partitions=[slug])
 
 
 def test_the_asset_is_declared_with_the_collection_partitions():

@@ -31,14 +31,13 @@ from sqlalchemy.engine import URL, make_url
 
 from media_usage_orchestration.ops.leased import COLLECTION_TAG
 from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.store.engine import DATABASE_URL_ENV, create_database_engine
-from media_usage_orchestration.store.schema import install_schema
+from media_usage_orchestration.store.engine import DATABASE_URL_ENV
 from tests.conftest import (
     TestDatabase,
-    _check_postgres,
-    _postgres_schema_url,
+    installed_database,
     postgres_admin_url,
-    postgres_required,
+    postgres_schema,
+    require_postgres,
 )
 from tests.dagster.reconciliation_support import (
     COMPLETE_RUN,
@@ -67,11 +66,7 @@ RUN_WORKER_TIMEOUT_SECONDS = 120
 @pytest.fixture
 def instance_database() -> Iterator[URL]:
     """A PostgreSQL database of its own for the Dagster instance storage, dropped afterwards."""
-    problem = _check_postgres()
-    if problem:
-        if postgres_required():
-            pytest.fail(f"{problem} and MEDIA_USAGE_REQUIRE_POSTGRES=1")
-        pytest.skip(problem)
+    require_postgres()
     name = f"dagster_{uuid.uuid4().hex[:16]}"
     admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
@@ -195,21 +190,8 @@ def test_a_job_runs_on_the_deploy_instance_and_its_run_and_events_land_in_postgr
 def postgres_cms(instance_database: URL) -> Iterator[TestDatabase]:
     """A PostgreSQL CMS database (a schema of its own) with EmDash's schema installed: the
     dialect a deployment with several run workers uses."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA "{name}"')
-    url = _postgres_schema_url(name)
-    engine = create_database_engine(url)
-    try:
-        with engine.begin() as connection:
-            install_schema(connection)
-        yield TestDatabase("postgres", url, engine)
-    finally:
-        engine.dispose()
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA "{name}" CASCADE')
-        admin.dispose()
+    with postgres_schema() as url, installed_database("postgres", url) as cms:
+        yield cms
 
 
 @contextlib.contextmanager

@@ -4,22 +4,19 @@ in a bounded number of statements per batch."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, select, text, update
+from sqlalchemy import select, text, update
 
 from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec, SubField
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
 from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.engine import create_database_engine
-from media_usage_orchestration.store.schema import install_schema
 from media_usage_orchestration.store.work import WorkLease, WorkRepository
-from tests.conftest import TestDatabase, _postgres_schema_url, postgres_admin_url
+from tests.conftest import TestDatabase, installed_database, postgres_schema
 from tests.processing.projection_helpers import (
     active_collection,
     add_measured_draft,
@@ -52,28 +49,11 @@ BULK_STATEMENT_BUDGET = 25
 def twin(db) -> Iterator[TestDatabase]:
     """A second, empty database of the same dialect, for running the same scenario twice."""
     if not db.is_postgres:
-        url = db.url.replace("media_usage.db", "twin.db")
-        engine = create_database_engine(url)
-        with engine.begin() as connection:
-            install_schema(connection)
-        yield TestDatabase(db.dialect, url, engine)
-        engine.dispose()
+        with installed_database(db.dialect, db.url.replace("media_usage.db", "twin.db")) as twin:
+            yield twin
         return
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA "{name}"')
-    url = _postgres_schema_url(name)
-    engine = create_database_engine(url)
-    try:
-        with engine.begin() as connection:
-            install_schema(connection)
-        yield TestDatabase(db.dialect, url, engine)
-    finally:
-        engine.dispose()
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA "{name}" CASCADE')
-        admin.dispose()
+    with postgres_schema() as url, installed_database(db.dialect, url) as twin:
+        yield twin
 
 
 # --- a mixed batch ------------------------------------------------------------------------------
