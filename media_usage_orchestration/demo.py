@@ -31,6 +31,7 @@ from .processing.verify import verify_index
 from .store import schema
 from .store.engine import create_database_engine, read_transaction, redacted_url
 from .store.identifiers import content_table_name
+from .store.predicates import is_content_collection_status
 
 
 @dataclass(frozen=True)
@@ -207,8 +208,7 @@ def _run_jobs(
     console: Console,
     collections: Sequence[DemoCollection],
 ) -> list[Any]:
-    from .definitions import defs
-    from .local_runner import quiet_run_config, run_lane
+    from .local_runner import execute_job, run_lane
     from .resources.automation import MediaUsageAutomation
     from .resources.database import MediaUsageDatabase
 
@@ -216,14 +216,9 @@ def _run_jobs(
     runs: list[Any] = []
 
     def execute(job_name: str, run_config: Mapping[str, Any] | None = None) -> None:
-        result = defs.resolve_job_def(job_name).execute_in_process(
-            instance=instance,
-            resources=resources,
-            run_config=quiet_run_config(run_config),
-            raise_on_error=False,
-        )
-        runs.append(_Run(job_name, None, result.success, None))
-        _print_run(console, runs[-1])
+        run = execute_job(instance, resources, job_name, run_config=run_config, log_level="WARNING")
+        runs.append(run)
+        _print_run(console, run)
 
     def lane(on_run: Callable[[Any], None]) -> None:
         def record(run: Any) -> None:
@@ -237,8 +232,13 @@ def _run_jobs(
     with _progress(console) as progress:
         coverage = progress.add_task("coverage complete", total=len(collections))
         execute("media_usage_activation")
-        lane(lambda run: progress.update(coverage, completed=_complete_count(engine)))
-        progress.update(coverage, completed=_complete_count(engine))
+
+        def show_coverage(run: Any = None) -> None:
+            complete = len(collections) - len(_incomplete_collections(engine))
+            progress.update(coverage, completed=complete)
+
+        lane(show_coverage)
+        show_coverage()
 
         writes = sum(edit_wave(engine, collection) for collection in collections)
         console.print(f"Edit wave: {writes} content writes captured as work")
@@ -254,14 +254,6 @@ def _run_jobs(
         execute("media_usage_maintenance")
         progress.update(deletion, completed=int(_collection_gone(engine, DELETED_COLLECTION)))
     return runs
-
-
-@dataclass(frozen=True)
-class _Run:
-    job_name: str
-    partition_key: str | None
-    success: bool
-    outcome: str | None
 
 
 def _print_run(console: Console, run: Any) -> None:
@@ -284,18 +276,6 @@ def _progress(console: Console) -> Iterator[Progress]:
 
 
 # --- reading the outcome ----------------------------------------------------------------------
-
-
-def _complete_count(engine: Engine) -> int:
-    status = schema.index_status
-    with read_transaction(engine) as connection:
-        return connection.execute(
-            select(func.count()).where(
-                status.c.adapter_id == schema.CONTENT_ADAPTER_ID,
-                status.c.status == "complete",
-                status.c.reconciliation_required == 0,
-            )
-        ).scalar_one()
 
 
 def _open_work(engine: Engine) -> int:
@@ -340,17 +320,18 @@ def _report(engine: Engine, console: Console, started: float) -> int:
 
 
 def _incomplete_collections(engine: Engine) -> list[str]:
+    """Registry collections whose coverage is not complete and trusted."""
     status = schema.index_status
     with read_transaction(engine) as connection:
         slugs = connection.execute(select(schema.collections.c.slug)).scalars().all()
-        complete = set(
-            connection.execute(
-                select(status.c.scope_key).where(
-                    status.c.status == "complete", status.c.reconciliation_required == 0
-                )
-            ).scalars()
-        )
-    return sorted(set(slugs) - complete)
+        complete = connection.execute(
+            select(status.c.scope_key).where(
+                is_content_collection_status(),
+                status.c.status == "complete",
+                status.c.reconciliation_required == 0,
+            )
+        ).scalars()
+        return sorted(set(slugs) - set(complete))
 
 
 def runs_table(runs: Sequence[Any]) -> Table:

@@ -89,18 +89,37 @@ def _tick(
     job = defs.resolve_job_def(sensor.job_name)
     for request in data.run_requests:
         dg.validate_run_config(job, request.run_config)
-        run_config = (
-            quiet_run_config(request.run_config, log_level) if log_level else request.run_config
-        )
-        result = job.execute_in_process(
-            run_config=run_config,
-            instance=instance,
-            resources=resources,
+        yield execute_job(
+            instance,
+            resources,
+            job.name,
+            run_config=request.run_config,
             tags=_with_run_key(request),
             partition_key=request.partition_key,
-            raise_on_error=False,
+            log_level=log_level,
         )
-        yield LaneRun(job.name, request.partition_key, result.success, last_outcome(result))
+
+
+def execute_job(
+    instance: dg.DagsterInstance,
+    resources: Mapping[str, Any],
+    job_name: str,
+    *,
+    run_config: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
+    partition_key: str | None = None,
+    log_level: str | None = None,
+) -> LaneRun:
+    """One real run of the job in this process; a failed run is reported, not raised."""
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        run_config=quiet_run_config(run_config, log_level) if log_level else run_config,
+        instance=instance,
+        resources=resources,
+        tags=tags,
+        partition_key=partition_key,
+        raise_on_error=False,
+    )
+    return LaneRun(job_name, partition_key, result.success, last_outcome(result))
 
 
 def _with_run_key(request: dg.RunRequest) -> dict[str, str]:

@@ -14,16 +14,15 @@ from typing import NoReturn
 
 import dagster as dg
 from pydantic import Field
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from ..processing import reconciliation as processing
+from ..processing.deletion import registry_id
 from ..processing.reconciliation import ReconciliationOutcome, ScanOutcome, StepResult
 from ..processing.work import process_due_batch
 from ..resources.database import MediaUsageDatabase
-from ..store.engine import read_transaction
 from ..store.identifiers import validate_identifier
 from ..store.reconciliations import ReconciliationClaim, WorkBarrierState
-from ..store.schema import collections
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 from .coverage import record_coverage, record_failed_coverage
 from .leased import (
@@ -102,14 +101,6 @@ class _Budget:
         return self.steps <= self.max_steps and time.monotonic() < self.deadline
 
 
-def collection_id_for(engine: Engine, slug: str) -> str | None:
-    validate_identifier(slug, "collection slug")
-    with read_transaction(engine) as connection:
-        return connection.execute(
-            select(collections.c.id).where(collections.c.slug == slug)
-        ).scalar_one_or_none()
-
-
 # --- claim ----------------------------------------------------------------------------------
 
 
@@ -127,7 +118,8 @@ def claim_reconciliation(
     slug = context.partition_key
     engine = database.engine
     with retry_transient_errors_only():
-        collection_id = collection_id_for(engine, slug)
+        validate_identifier(slug, "collection slug")
+        collection_id = registry_id(engine, slug)
         if collection_id is None:
             yield from emit(context, StepReport("not_found", None, {"collection": slug}))
             return
