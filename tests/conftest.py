@@ -13,10 +13,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import dagster as dg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
+from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.engine import create_database_engine
 from media_usage_orchestration.store.schema import install_schema
 
@@ -134,6 +136,20 @@ def db(empty_db) -> TestDatabase:
     with empty_db.engine.begin() as connection:
         install_schema(connection)
     return empty_db
+
+
+@pytest.fixture
+def activated(db) -> TestDatabase:
+    """`db` with capture activated directly (no Dagster run)."""
+    activate(db.engine)
+    return db
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    """A throwaway Dagster instance for the test."""
+    with dg.instance_for_test() as instance:
+        yield instance
 
 
 def pytest_generate_tests(metafunc):

@@ -15,7 +15,6 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.processing import deletion as processing
-from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import (
     ReconciliationOutcome,
     run_to_completion,
@@ -51,18 +50,6 @@ from tests.support import IMAGE_ONLY, backdate, count, one, snapshot, status_row
 
 MAX_TICKS = 10
 COLLECTION_TAG = "media_usage/collection"
-
-
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
-@pytest.fixture
-def activated(db):
-    activate(db.engine)
-    return db
 
 
 def everything(db, *content_slugs):

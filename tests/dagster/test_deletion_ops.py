@@ -78,12 +78,6 @@ INDEX = (schema.sources, schema.occurrences)
 
 
 @pytest.fixture
-def activated(db):
-    activate(db.engine)
-    return db
-
-
-@pytest.fixture
 def cms(activated):
     return CmsWriter(activated.engine)
 

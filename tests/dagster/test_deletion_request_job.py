@@ -26,18 +26,6 @@ from tests.store.deletion_helpers import add_source, claimed, ids
 from tests.support import IMAGE_ONLY, count, one
 
 
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
-@pytest.fixture
-def activated(db):
-    activate(db.engine)
-    return db
-
-
 def entries(total, prefix="post"):
     return [{"id": f"{prefix}-{i}", "title": f"entry {i}", "hero": None} for i in range(total)]
 

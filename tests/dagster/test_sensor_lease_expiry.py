@@ -4,7 +4,6 @@ it), so the sensor asks for a replacement and the database guards keep the stale
 """
 
 import dagster as dg
-import pytest
 
 from media_usage_orchestration import sensors
 from media_usage_orchestration.cms import CmsWriter
@@ -17,12 +16,6 @@ from media_usage_orchestration.store.work import WorkRepository
 from tests.dagster.sensor_loop import add_requested_partitions, evaluate, resources_for
 from tests.store.deletion_helpers import tombstone
 from tests.support import IMAGE_ONLY, backdate
-
-
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 def _started_run(instance, job_name: str, tags: dict[str, str] | None = None) -> None:

@@ -53,12 +53,6 @@ MAX_TICKS = 50
 
 
 @pytest.fixture
-def activated(db):
-    activate(db.engine)
-    return db
-
-
-@pytest.fixture
 def cms(db):
     return CmsWriter(db.engine)
 

@@ -21,7 +21,6 @@ from sqlalchemy.engine import Engine
 
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.ops.deletion import fence
-from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.capture_triggers import CAPTURE_INACTIVE_MESSAGE
@@ -75,12 +74,6 @@ def instance():
     }
     with dg.instance_for_test(overrides=no_compute_logs) as instance:
         yield instance
-
-
-@pytest.fixture
-def activated(db):
-    activate(db.engine)
-    return db
 
 
 def content_row(entry_id, title="racing"):
