@@ -28,7 +28,7 @@ from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.activation import read_activation
 from media_usage_orchestration.store.reconciliations import ReconciliationClaim
-from tests.dagster.sensor_loop import plain, resources
+from tests.dagster.sensor_loop import evaluate, plain, resources
 from tests.support import count, one, status_row
 
 RECONCILIATION_JOB = defs.resolve_job_def(media_usage_reconciliation.name)
@@ -167,16 +167,7 @@ def run_partition(
 
 def tick(db, instance: dg.DagsterInstance) -> dg.SensorResult:
     """One sensor evaluation; every RunRequest must be valid for the job that runs it."""
-    with (
-        dg.build_sensor_context(
-            instance=instance, resources=resources(db), definitions=defs
-        ) as context,
-        dg.partition_loading_context(dynamic_partitions_store=instance),
-    ):
-        data = media_usage_reconciliation_sensor.evaluate_tick(context)
-    for request in data.run_requests or []:
-        dg.validate_run_config(RECONCILIATION_JOB, request.run_config)
-    return data
+    return evaluate(media_usage_reconciliation_sensor, instance, resources(db))
 
 
 def add_requested_partitions(instance: dg.DagsterInstance, data) -> list[str]:
