@@ -11,7 +11,6 @@ and work sensors and the runs they ask for until neither asks for anything, and 
 import json
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -29,10 +28,9 @@ from media_usage_orchestration.sensors import (
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.engine import create_database_engine
 from tests.dagster.sensor_loop import drain, output_metadata, resources_for
+from tests.fixtures import FIXTURE_DB, REFERENCE_END_STATE, REFERENCE_FINGERPRINTS
 from tests.support import all_rows, count, status_row
 
-FIXTURES = Path("/work/shared/fixtures")
-FIXTURE_DB = FIXTURES / "emdash-fixture.db"
 FIELD_FINGERPRINT = (
     "media-usage-fields:v1:sha256:9c4d23f9605c5ae1ab09446b89dd88458742ec1d19eee62ed02d109a31befd58"
 )
@@ -62,9 +60,6 @@ OCCURRENCE_COLUMNS = (
     "media_kind",
     "mime_type",
 )
-
-pytestmark = pytest.mark.skipif(not FIXTURE_DB.exists(), reason="EmDash fixtures are not available")
-
 
 # --- the PostgreSQL twin ----------------------------------------------------------------------
 
@@ -202,7 +197,7 @@ def _end_state(engine: Engine, collection_ids: dict[str, str]) -> list[dict]:
 
 
 def _reference_state() -> list[dict]:
-    reference = json.loads((FIXTURES / "emdash-reference-end-state.json").read_text("utf-8"))
+    reference = json.loads(REFERENCE_END_STATE.read_text("utf-8"))
     assert reference["orphanOrStaleOccurrenceRows"] == 0
     state = []
     for item in reference["sources"]:
@@ -332,8 +327,6 @@ def test_emdash_database_reaches_emdash_end_state_through_the_jobs(emdash_databa
         _normalized(row["source_key"], collection_ids): row["source_fingerprint"]
         for row in all_rows(engine, schema.sources)
     }
-    reference = json.loads(
-        (FIXTURES / "emdash-reference-source-fingerprints.json").read_text("utf-8")
-    )
+    reference = json.loads(REFERENCE_FINGERPRINTS.read_text("utf-8"))
     assert fingerprints == reference
     assert not verify_index(engine).has_drift

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, select, text
@@ -22,8 +21,8 @@ from media_usage_orchestration.media.sources import (
     build_draft_overlay_source,
 )
 from media_usage_orchestration.store import schema
+from tests.fixtures import FIXTURE_DB, FIXTURES
 
-FIXTURES = Path("/work/shared/fixtures")
 FIELD_FINGERPRINT = (
     "media-usage-fields:v1:sha256:9c4d23f9605c5ae1ab09446b89dd88458742ec1d19eee62ed02d109a31befd58"
 )
@@ -43,15 +42,11 @@ IDENTITY_COLUMNS = (
     "content_deleted_at",
 )
 
-pytestmark = pytest.mark.skipif(
-    not (FIXTURES / "emdash-fixture.db").exists(), reason="EmDash fixtures are not available"
-)
-
 
 @pytest.fixture(scope="module")
 def fixture_engine(tmp_path_factory):
     copy = tmp_path_factory.mktemp("emdash") / "emdash-fixture.db"
-    shutil.copyfile(FIXTURES / "emdash-fixture.db", copy)
+    shutil.copyfile(FIXTURE_DB, copy)
     engine = create_engine(f"sqlite:///{copy}")
     yield engine
     engine.dispose()

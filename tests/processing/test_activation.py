@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, insert, inspect, select, text, update
@@ -36,6 +35,7 @@ from media_usage_orchestration.store.capture_triggers import (
 from media_usage_orchestration.store.engine import create_database_engine
 from media_usage_orchestration.store.schema import ACTIVATION_KEY
 from media_usage_orchestration.store.status import LifecycleConflictError
+from tests.fixtures import FIXTURE_DB
 from tests.support import (
     IMAGE_ONLY,
     NO_MEDIA,
@@ -50,7 +50,6 @@ from tests.support import (
     status_row,
 )
 
-FIXTURE_DB = Path("/work/shared/fixtures/emdash-fixture.db")
 FAR_FUTURE = "2100-01-01T00:00:00.000Z"
 ACTIVATING = ActivationOutcome.ACTIVATING
 ACTIVE = ActivationOutcome.ACTIVE

@@ -6,17 +6,13 @@ import re
 import shutil
 import sqlite3
 import uuid
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 
 from media_usage_orchestration.store import schema
 from tests.conftest import postgres_admin_url
-
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
-if not FIXTURES.exists():  # the fixtures ship next to the project checkout
-    FIXTURES = Path("/work/shared/fixtures")
+from tests.fixtures import FIXTURE_DB, SCHEMA_POSTGRES
 
 TABLE_NAMES = sorted(table.name for table in schema.EMDASH_TABLES)
 
@@ -49,7 +45,7 @@ def test_sqlite_install_matches_emdash_fixture_database(tmp_path, empty_db):
     if empty_db.dialect != "sqlite":
         pytest.skip("compared with EmDash's own SQLite database")
     reference_path = tmp_path / "emdash.db"
-    shutil.copy(FIXTURES / "emdash-fixture.db", reference_path)
+    shutil.copy(FIXTURE_DB, reference_path)
     with empty_db.engine.begin() as connection:
         schema.install_schema(connection)
     ours = sqlite3.connect(empty_db.engine.url.database)
@@ -60,7 +56,7 @@ def test_sqlite_install_matches_emdash_fixture_database(tmp_path, empty_db):
 
 def test_install_on_emdash_database_adds_nothing(tmp_path):
     path = tmp_path / "emdash.db"
-    shutil.copy(FIXTURES / "emdash-fixture.db", path)
+    shutil.copy(FIXTURE_DB, path)
     engine = create_engine(f"sqlite:///{path}")
     with engine.begin() as connection:
         assert schema.install_schema(connection) == []
@@ -69,7 +65,7 @@ def test_install_on_emdash_database_adds_nothing(tmp_path):
 
 def _load_postgres_reference(admin, schema_name: str) -> None:
     lines = []
-    for line in (FIXTURES / "emdash-schema.postgres.sql").read_text().splitlines():
+    for line in SCHEMA_POSTGRES.read_text().splitlines():
         if line.startswith("\\") or "set_config('search_path'" in line:
             continue
         lines.append(line.replace("public.", f'"{schema_name}".'))
