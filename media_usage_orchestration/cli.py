@@ -37,7 +37,7 @@ from .store.engine import (
     is_missing_table,
     redacted_url,
 )
-from .store.records import LeaseState
+from .store.leases import LeaseState
 
 # Piped or logged output is not cut at rich's default 80 columns: the status table is wider.
 console = Console(width=None if sys.stdout.isatty() else 160)

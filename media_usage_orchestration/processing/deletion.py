@@ -49,8 +49,8 @@ from ..store.deletions import (
 )
 from ..store.engine import is_missing_table, read_transaction
 from ..store.identifiers import content_table_name, validate_identifier
+from ..store.leases import LeaseState, bounded_limit, require_flag
 from ..store.predicates import is_collection_status_row, is_content_collection_status
-from ..store.records import LeaseState, bounded_limit, require_flag
 from ..store.schema import collections, fields, index_status, occurrences, sources
 
 logger = logging.getLogger(__name__)

@@ -27,13 +27,13 @@ from ..store.deletions import DeletionPage, DeletionRepository, OperatorDeletion
 from ..store.deletions import RetryOutcome as DeletionRetryOutcome
 from ..store.engine import read_transaction
 from ..store.identifiers import validate_identifier
+from ..store.leases import LeaseState, bounded_limit
 from ..store.reconciliations import OperatorRetryOutcome as ReconciliationRetryOutcome
 from ..store.reconciliations import (
     ReconciliationPhase,
     ReconciliationRecord,
     ReconciliationRepository,
 )
-from ..store.records import LeaseState, bounded_limit
 from ..store.schema import reconciliations
 from ..store.work import OperatorPage, OperatorWorkItem, WorkRepository
 from ..store.work import OperatorRetryOutcome as WorkRetryOutcome

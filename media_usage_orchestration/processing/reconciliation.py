@@ -33,6 +33,7 @@ from ..media.fields import FieldDiscovery, load_fields
 from ..media.fingerprints import CONTENT_SOURCE_SCHEMA_VERSION, field_fingerprint
 from ..store.engine import read_transaction
 from ..store.identifiers import require_text
+from ..store.leases import LeaseState, non_negative_whole
 from ..store.reconciliations import (
     ENTRY_FAILED_CODE,
     ReconciliationClaim,
@@ -43,7 +44,6 @@ from ..store.reconciliations import (
     WorkBarrier,
     WorkBarrierState,
 )
-from ..store.records import LeaseState, non_negative_whole
 from ..store.work import WorkRepository
 from .work import capture_is_active, process_due_batch
 from .work import retry_delay_seconds as _work_retry_delay_seconds

@@ -48,8 +48,7 @@ from .identifiers import (
     validate_error_code,
     validate_identifier,
 )
-from .predicates import is_collection_status_row, registry_identity_is_current
-from .records import (
+from .leases import (
     LeaseState,
     bounded_limit,
     due_candidates_statement,
@@ -59,6 +58,7 @@ from .records import (
     parse_lease_state,
     require_flag,
 )
+from .predicates import is_collection_status_row, registry_identity_is_current
 from .schema import (
     collection_deletions,
     collections,

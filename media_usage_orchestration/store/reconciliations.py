@@ -66,13 +66,7 @@ from ulid import ULID
 from .clock import lease_live_at_statement, now, timestamp_offset, validate_duration
 from .engine import read_transaction
 from .identifiers import content_table_name, require_text, validate_error_code
-from .predicates import (
-    activation_is_active,
-    is_content_collection_status,
-    no_deletion_tombstone,
-    registry_identity_is_current,
-)
-from .records import (
+from .leases import (
     LeaseState,
     bounded_limit,
     due_candidates_statement,
@@ -80,6 +74,12 @@ from .records import (
     is_reopenable_by_operator,
     non_negative_whole,
     positive_whole,
+)
+from .predicates import (
+    activation_is_active,
+    is_content_collection_status,
+    no_deletion_tombstone,
+    registry_identity_is_current,
 )
 from .schema import dialect_insert, index_status, narrow, reconciliations, sources, work
 

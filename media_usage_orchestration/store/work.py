@@ -56,18 +56,18 @@ from .cursors import PageCursor, decode_cursor, encode_cursor
 from .engine import is_postgres, read_transaction
 from .identifiers import require_text, validate_error_code
 from .json_rows import JsonRows
-from .predicates import (
-    activation_is_active,
-    is_content_collection_status,
-    no_deletion_tombstone,
-    registry_identity_is_current,
-)
-from .records import (
+from .leases import (
     LeaseState,
     bounded_limit,
     non_negative_whole,
     parse_lease_state,
     positive_whole,
+)
+from .predicates import (
+    activation_is_active,
+    is_content_collection_status,
+    no_deletion_tombstone,
+    registry_identity_is_current,
 )
 from .schema import collections, dialect_insert, index_status, reconciliations, work
 

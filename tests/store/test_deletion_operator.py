@@ -15,7 +15,7 @@ from media_usage_orchestration.store.deletions import (
     OperatorDeletionItem,
     RetryOutcome,
 )
-from media_usage_orchestration.store.records import LeaseState
+from media_usage_orchestration.store.leases import LeaseState
 from tests.store.deletion_helpers import (
     LEASE_SECONDS,
     claimed,

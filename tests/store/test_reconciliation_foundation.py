@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import inspect, select, update
 
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.leases import LeaseState
 from media_usage_orchestration.store.reconciliations import (
     ENTRY_FAILED_CODE,
     LIFECYCLE_MESSAGE,
@@ -21,7 +22,6 @@ from media_usage_orchestration.store.reconciliations import (
     WorkBarrierState,
     find_due_statement,
 )
-from media_usage_orchestration.store.records import LeaseState
 from tests.store.reconciliation_helpers import (
     FINGERPRINT,
     OTHER_FINGERPRINT,
