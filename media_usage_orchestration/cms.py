@@ -25,6 +25,7 @@ from .store.capture_triggers import (
 )
 from .store.clock import now
 from .store.identifiers import content_table_name, validate_identifier
+from .store.registry import collection_id_for_slug
 from .store.schema import (
     COLLECTION_SCOPE,
     CONTENT_ADAPTER_ID,
@@ -184,11 +185,9 @@ class CmsWriter:
         # The slug lock is checked before and again after the registry read, as EmDash does:
         # a tombstone written while the registry was being read still refuses the create.
         self._refuse_tombstoned_slug(connection, slug)
-        exists_registry = connection.execute(
-            select(schema.collections.c.id).where(schema.collections.c.slug == slug)
-        ).first()
+        registered_id = collection_id_for_slug(connection, slug)
         self._refuse_tombstoned_slug(connection, slug)
-        if exists_registry is not None:
+        if registered_id is not None:
             raise CmsError("COLLECTION_EXISTS", f"Collection {slug!r} already exists")
 
     @staticmethod
@@ -368,15 +367,12 @@ def _column_value(table, key: str, value: Any) -> Any:
 
 
 def load_collection(connection: Connection, slug: str) -> Collection:
-    validate_identifier(slug, "collection slug")
-    registry = connection.execute(
-        select(schema.collections.c.id).where(schema.collections.c.slug == slug)
-    ).first()
-    if registry is None:
+    collection_id = collection_id_for_slug(connection, slug)
+    if collection_id is None:
         raise CmsError("COLLECTION_NOT_FOUND", f"Collection {slug!r} not found")
     rows = connection.execute(
         select(schema.fields.c.slug, schema.fields.c.type, schema.fields.c.validation)
-        .where(schema.fields.c.collection_id == registry.id)
+        .where(schema.fields.c.collection_id == collection_id)
         .order_by(schema.fields.c.sort_order, schema.fields.c.slug)
     ).all()
     specs = []
@@ -392,4 +388,4 @@ def load_collection(connection: Connection, slug: str) -> Collection:
             except (ValueError, KeyError, TypeError, AttributeError):
                 subs = ()
         specs.append(FieldSpec(row.slug, row.type, sub_fields=subs))
-    return Collection(registry.id, slug, tuple(specs))
+    return Collection(collection_id, slug, tuple(specs))

@@ -23,6 +23,7 @@ from ..store.deletions import (
     DeletionRepository,
 )
 from ..store.identifiers import validate_identifier
+from ..store.registry import read_collection_id
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 from .leased import (
     StepReport,
@@ -270,7 +271,7 @@ def request_deletion(
 
 
 def _request(engine: Engine, slug: str, force: bool) -> tuple[str, str]:
-    collection_id = processing.registry_id(engine, slug)
+    collection_id = read_collection_id(engine, slug)
     if collection_id is not None and not force and processing.has_live_content(engine, slug):
         raise _refused(slug)
     outcome = processing.delete_activated_collection(

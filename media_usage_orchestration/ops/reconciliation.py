@@ -17,12 +17,12 @@ from pydantic import Field
 from sqlalchemy import Engine
 
 from ..processing import reconciliation as processing
-from ..processing.deletion import registry_id
 from ..processing.reconciliation import ReconciliationOutcome, ScanOutcome, StepResult
 from ..processing.work import process_due_batch
 from ..resources.database import MediaUsageDatabase
 from ..store.identifiers import validate_identifier
 from ..store.reconciliations import ReconciliationClaim, WorkBarrierState
+from ..store.registry import read_collection_id
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 from .coverage import record_coverage, record_failed_coverage
 from .leased import (
@@ -119,7 +119,7 @@ def claim_reconciliation(
     engine = database.engine
     with retry_transient_errors_only():
         validate_identifier(slug, "collection slug")
-        collection_id = registry_id(engine, slug)
+        collection_id = read_collection_id(engine, slug)
         if collection_id is None:
             yield from emit(context, StepReport("not_found", None, {"collection": slug}))
             return

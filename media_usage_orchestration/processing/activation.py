@@ -22,6 +22,7 @@ from ..store.capture_triggers import (
     install_capture_triggers,
     verify_capture_triggers,
 )
+from ..store.registry import list_collections
 
 COLLECTIONS_PER_STEP = 1
 
@@ -85,7 +86,7 @@ def _convert_and_hand_off(
     engine: Engine, token: str, cursor: str | None, processed: list[str]
 ) -> ActivationResult:
     with engine.connect() as connection:
-        candidates = store.find_candidates(connection, cursor, COLLECTIONS_PER_STEP + 1)
+        candidates = list_collections(connection, after=cursor, limit=COLLECTIONS_PER_STEP + 1)
     for collection_id, slug in candidates[:COLLECTIONS_PER_STEP]:
         _convert_collection(engine, token, collection_id, slug)
         processed.append(slug)

@@ -44,13 +44,13 @@ from ..store.deletions import (
     GuardOutcome,
     drop_content_table,
     execute_local_deletion_guard,
-    registry_row_exists,
     table_has_live_content,
 )
 from ..store.engine import is_missing_table, read_transaction
 from ..store.identifiers import content_table_name, validate_identifier
 from ..store.leases import LeaseState, bounded_limit, require_flag
 from ..store.predicates import is_collection_status_row, is_content_collection_status
+from ..store.registry import has_collection_identity, read_collection_id
 from ..store.schema import collections, fields, index_status, occurrences, sources
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def request_collection_deletion(
     """EmDash's `SchemaRegistry.deleteCollection(slug, {force})`."""
     validate_identifier(collection_slug, "collection slug")
     force = require_flag(force, "force")
-    collection_id = registry_id(engine, collection_slug)
+    collection_id = read_collection_id(engine, collection_slug)
     if collection_id is not None and not force and has_live_content(engine, collection_slug):
         raise CollectionHasContentError(collection_slug)
     outcome = delete_activated_collection(
@@ -557,7 +557,7 @@ def _delete_legacy_collection(engine: Engine, collection_id: str, collection_slu
     content_table_name(collection_slug)  # a bad slug fails before any SQL
     with engine.begin() as connection:
         _require_capture_not_activated(connection)
-        if not registry_row_exists(connection, collection_id, collection_slug):
+        if not has_collection_identity(connection, collection_id, collection_slug):
             raise CollectionNotFoundError(collection_slug)
         drop_content_table(connection, collection_slug)
         connection.execute(delete(fields).where(fields.c.collection_id == collection_id))
@@ -593,13 +593,6 @@ def _delete_sources_by_slug(connection: Connection, collection_slug: str) -> Non
 
 
 # --- reads ------------------------------------------------------------------------------------
-
-
-def registry_id(engine: Engine, collection_slug: str) -> str | None:
-    with read_transaction(engine) as connection:
-        return connection.execute(
-            select(collections.c.id).where(collections.c.slug == collection_slug)
-        ).scalar()
 
 
 def has_live_content(engine: Engine, collection_slug: str) -> bool:

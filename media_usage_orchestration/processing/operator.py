@@ -34,10 +34,10 @@ from ..store.reconciliations import (
     ReconciliationRecord,
     ReconciliationRepository,
 )
+from ..store.registry import read_collection_id
 from ..store.schema import reconciliations
 from ..store.work import OperatorPage, OperatorWorkItem, WorkRepository
 from ..store.work import OperatorRetryOutcome as WorkRetryOutcome
-from .deletion import registry_id
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIMIT = 100
@@ -205,7 +205,7 @@ def _unknown_collection(slug: str) -> OperatorInputError:
 def registered_collection_id(engine: Engine, collection: object) -> str:
     """The registry id of a collection slug; an unknown slug is bad input."""
     slug = _slug(collection)
-    collection_id = registry_id(engine, slug)
+    collection_id = read_collection_id(engine, slug)
     if collection_id is None:
         raise _unknown_collection(slug)
     return collection_id

@@ -183,16 +183,6 @@ def record_activation_failure(connection: Connection, lease_token: str) -> None:
     )
 
 
-def find_candidates(
-    connection: Connection, cursor: str | None, limit: int
-) -> list[tuple[str, str]]:
-    statement = select(collections.c.id, collections.c.slug)
-    if cursor:
-        statement = statement.where(collections.c.slug > cursor)
-    rows = connection.execute(statement.order_by(collections.c.slug).limit(limit))
-    return [(row.id, row.slug) for row in rows]
-
-
 def find_incomplete_collection(connection: Connection) -> tuple[str, str] | None:
     row = connection.execute(
         select(collections.c.id, collections.c.slug)

@@ -59,6 +59,7 @@ from .leases import (
     require_flag,
 )
 from .predicates import is_collection_status_row, registry_identity_is_current
+from .registry import has_collection_identity
 from .schema import (
     collection_deletions,
     collections,
@@ -385,18 +386,6 @@ def _cleanup_rows_remain(
         bool(row.work_present)
         or bool(row.source_present)
         or (include_status and bool(row.status_present))
-    )
-
-
-def registry_row_exists(connection: Connection, collection_id: str, collection_slug: str) -> bool:
-    """A registry row with exactly (id, slug)."""
-    return (
-        connection.execute(
-            select(collections.c.id).where(
-                collections.c.id == collection_id, collections.c.slug == collection_slug
-            )
-        ).first()
-        is not None
     )
 
 
@@ -869,7 +858,7 @@ class DeletionRepository:
                 )
             if _cleanup_rows_remain(connection, lease.collection_id, slug, include_status=True):
                 raise DeletionCleanupIncomplete("Collection deletion is incomplete")
-            if registry_row_exists(connection, lease.collection_id, slug):
+            if has_collection_identity(connection, lease.collection_id, slug):
                 raise DeletionCleanupIncomplete("Collection registry identity still exists")
             result = connection.execute(
                 delete(_t).where(
@@ -1016,6 +1005,5 @@ __all__ = [
     "find_due_statement",
     "holds_deletion_lease",
     "is_slug_deleting",
-    "registry_row_exists",
     "table_has_live_content",
 ]

@@ -69,6 +69,7 @@ from .predicates import (
     no_deletion_tombstone,
     registry_identity_is_current,
 )
+from .registry import RegisteredCollection, collection_id_for_slug
 from .schema import collections, dialect_insert, index_status, reconciliations, work
 
 MAX_WORK_SELECTION_LIMIT = 100
@@ -809,13 +810,10 @@ class WorkRepository:
         limit = _operator_limit(limit)
         position = decode_cursor(cursor) if cursor else None
         with read_transaction(self.engine) as connection:
-            collection = connection.execute(
-                select(collections.c.id, collections.c.slug).where(
-                    collections.c.slug == collection_slug
-                )
-            ).first()
-            if collection is None:
+            collection_id = collection_id_for_slug(connection, collection_slug)
+            if collection_id is None:
                 return None
+            collection = RegisteredCollection(collection_id, collection_slug)
             states = (wanted,) if wanted else tuple(LeaseState)
             candidates = [
                 OperatorWorkItem.from_record(record)
