@@ -38,6 +38,7 @@ from .store.engine import (
     redacted_url,
 )
 from .store.leases import LeaseState
+from .store.outcomes import OperatorRetryOutcome
 
 # Piped or logged output is not cut at rich's default 80 columns: the status table is wider.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -474,7 +475,7 @@ def _print_page(
 
 
 def _retry_explanation(report: operator.RetryReport) -> str:
-    outcome = operator.RetryOutcome
+    outcome = OperatorRetryOutcome
     if report.outcome is outcome.PENDING:
         return "reopened, it will run again" if report.changed else "already pending, unchanged"
     if report.outcome is outcome.LEASE_ACTIVE:

@@ -58,6 +58,7 @@ from .leases import (
     parse_lease_state,
     require_flag,
 )
+from .outcomes import OperatorRetryOutcome
 from .predicates import is_collection_status_row, registry_identity_is_current
 from .registry import has_collection_identity
 from .schema import (
@@ -110,13 +111,6 @@ class GuardOutcome(StrEnum):
     HAS_CONTENT = "has_content"
     STALE = "stale"
     DROPPED = "dropped"
-
-
-class RetryOutcome(StrEnum):
-    PENDING = "pending"
-    LEASE_ACTIVE = "lease_active"
-    NOT_FOUND = "not_found"
-    CONFLICT = "conflict"
 
 
 class DeletionError(RuntimeError):
@@ -196,7 +190,7 @@ class DeletionPage:
 
 @dataclass(frozen=True)
 class DeletionRetryResult:
-    outcome: RetryOutcome
+    outcome: OperatorRetryOutcome
     changed: bool = False
     item: OperatorDeletionItem | None = None
     lease_expires_at: str | None = None
@@ -554,10 +548,12 @@ class DeletionRepository:
                 select(_t).where(_t.c.collection_id == collection_id)
             ).first()
             if observed is None:
-                return DeletionRetryResult(RetryOutcome.NOT_FOUND)
+                return DeletionRetryResult(OperatorRetryOutcome.NOT_FOUND)
             live_expiry = self._live_lease_expiry(connection, observed)
             if live_expiry is not None:
-                return DeletionRetryResult(RetryOutcome.LEASE_ACTIVE, lease_expires_at=live_expiry)
+                return DeletionRetryResult(
+                    OperatorRetryOutcome.LEASE_ACTIVE, lease_expires_at=live_expiry
+                )
             reopened = connection.execute(
                 update(_t)
                 .where(_t.c.collection_id == collection_id, is_reopenable_by_operator(_t))
@@ -573,9 +569,9 @@ class DeletionRepository:
                 .returning(*_t.c)
             ).first()
         if reopened is None:
-            return DeletionRetryResult(RetryOutcome.CONFLICT)
+            return DeletionRetryResult(OperatorRetryOutcome.CONFLICT)
         return DeletionRetryResult(
-            RetryOutcome.PENDING, changed=True, item=_to_operator_item(reopened)
+            OperatorRetryOutcome.PENDING, changed=True, item=_to_operator_item(reopened)
         )
 
     @staticmethod
@@ -998,7 +994,6 @@ __all__ = [
     "GuardAction",
     "GuardOutcome",
     "OperatorDeletionItem",
-    "RetryOutcome",
     "deletion_lease_is_live",
     "drop_content_table",
     "execute_local_deletion_guard",

@@ -75,6 +75,7 @@ from .leases import (
     non_negative_whole,
     positive_whole,
 )
+from .outcomes import OperatorRetryOutcome
 from .predicates import (
     activation_is_active,
     is_content_collection_status,
@@ -107,13 +108,6 @@ class WorkBarrierState(StrEnum):
     EMPTY = "empty"
     PENDING = "pending"
     FAILED = "failed"
-
-
-class OperatorRetryOutcome(StrEnum):
-    REOPENED = "reopened"
-    LEASE_ACTIVE = "lease_active"
-    NOT_FOUND = "not_found"
-    CONFLICT = "conflict"
 
 
 @dataclass(frozen=True)
@@ -177,7 +171,7 @@ class OperatorRetryResult:
 
     @property
     def changed(self) -> bool:
-        return self.outcome is OperatorRetryOutcome.REOPENED
+        return self.outcome is OperatorRetryOutcome.PENDING
 
 
 # --- rows and input ----------------------------------------------------------------------------
@@ -1395,7 +1389,7 @@ class ReconciliationRepository:
                 .returning(*_r.c)
             ).first()
             if reopened is not None:
-                return OperatorRetryResult(OperatorRetryOutcome.REOPENED, _to_record(reopened))
+                return OperatorRetryResult(OperatorRetryOutcome.PENDING, _to_record(reopened))
             return self._retry_refusal(connection, collection_id)
 
     @staticmethod
@@ -1500,7 +1494,6 @@ def _unique_content_ids(content_ids: Iterable[str]) -> list[str]:
 __all__: Sequence[str] = (
     "ENTRY_FAILED_CODE",
     "Coverage",
-    "OperatorRetryOutcome",
     "OperatorRetryResult",
     "ReconciliationClaim",
     "ReconciliationPhase",

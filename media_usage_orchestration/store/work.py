@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -63,6 +62,7 @@ from .leases import (
     parse_lease_state,
     positive_whole,
 )
+from .outcomes import OperatorRetryOutcome
 from .predicates import (
     activation_is_active,
     is_content_collection_status,
@@ -168,13 +168,6 @@ class OperatorWorkItem:
 class OperatorPage:
     items: tuple[OperatorWorkItem, ...]
     next_cursor: str | None = None
-
-
-class OperatorRetryOutcome(StrEnum):
-    PENDING = "pending"
-    LEASE_ACTIVE = "lease_active"
-    COLLECTION_NOT_FOUND = "collection_not_found"
-    CONFLICT = "conflict"
 
 
 @dataclass(frozen=True)
@@ -1182,7 +1175,6 @@ __all__ = [
     "RECONCILIATION_PAGE_LIMIT",
     "RECONCILIATION_PHASES",
     "OperatorPage",
-    "OperatorRetryOutcome",
     "OperatorRetryResult",
     "OperatorWorkItem",
     "WorkLease",
