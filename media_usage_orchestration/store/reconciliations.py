@@ -2,7 +2,7 @@
 
 EmDash's `MediaUsageReconciliationRepository`: one method per guarded statement, with the
 seed's guards composed from two named predicates, `live_claim_exists` (this lease still owns
-the coordinator row) and `status_owns_run` (the coverage status is running for this run at
+the coordinator row) and `predicates.status_owns_run` (the coverage status is running for this run at
 this epoch). Reconciliation leases are live while `lease_expires_at` is after *statement* time,
 as in the seed.
 
@@ -81,6 +81,7 @@ from .predicates import (
     is_content_collection_status,
     no_deletion_tombstone,
     registry_identity_is_current,
+    status_owns_run,
 )
 from .schema import dialect_insert, index_status, narrow, reconciliations, sources, work
 
@@ -243,18 +244,6 @@ def _cursor(value: object, label: str) -> str | None:
 _CLAIMED_ROW = narrow(
     _r, "collection_id", "collection_slug", "run_token", "state", "lease_token", "lease_expires_at"
 )
-_OWNING_STATUS = narrow(
-    _s,
-    "adapter_id",
-    "scope_type",
-    "collection_id",
-    "scope_key",
-    "capture_state",
-    "reconciliation_required",
-    "status",
-    "cursor",
-    "change_epoch",
-)
 
 
 def live_claim_exists(claim: ReconciliationRecord) -> ColumnElement[bool]:
@@ -281,23 +270,9 @@ def live_claim_exists(claim: ReconciliationRecord) -> ColumnElement[bool]:
     )
 
 
-def status_owns_run(claim: ReconciliationRecord, target_epoch: int) -> ColumnElement[bool]:
-    """Coverage is running for this run token at exactly this epoch: any captured write,
-    schema change, operator retry or foreign owner moves the epoch or cursor and fences us."""
-    status = _OWNING_STATUS.alias("status")
-    return exists(
-        select(literal(1))
-        .select_from(status)
-        .where(
-            is_content_collection_status(status),
-            status.c.collection_id == claim.collection_id,
-            status.c.scope_key == claim.collection_slug,
-            status.c.capture_state == "active",
-            status.c.reconciliation_required == 1,
-            status.c.status == "running",
-            status.c.cursor == claim.run_token,
-            status.c.change_epoch == target_epoch,
-        )
+def _status_owns_claimed_run(claim, target_epoch) -> ColumnElement[bool]:
+    return status_owns_run(
+        claim.collection_id, claim.collection_slug, claim.run_token, target_epoch
     )
 
 
@@ -469,7 +444,7 @@ def _claim_parameters(claim: ReconciliationRecord, **extra: Any) -> dict[str, An
 
 @functools.lru_cache(maxsize=4)
 def _owns_run_statement():
-    return select(status_owns_run(_BOUND_CLAIM, _BOUND_EPOCH))
+    return select(_status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH))
 
 
 @functools.lru_cache(maxsize=16)
@@ -495,7 +470,7 @@ def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool):
             _claim_holds_lease(_BOUND_CLAIM),
             _r.c.target_epoch == _BOUND_EPOCH,
             _r.c.phase == phase.value,
-            status_owns_run(_BOUND_CLAIM, _BOUND_EPOCH),
+            _status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH),
             observed,
         )
         .values(
@@ -525,7 +500,7 @@ def _source_page_statement(has_cursor: bool, has_upper: bool, limit: int):
     bounds = [
         _canonical_sources(_BOUND_CLAIM.collection_id),
         live_claim_exists(_BOUND_CLAIM),
-        status_owns_run(_BOUND_CLAIM, _BOUND_EPOCH),
+        _status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH),
     ]
     if has_cursor:
         bounds.append(sources.c.source_key > _BOUND_CURSOR)
@@ -764,7 +739,7 @@ class ReconciliationRepository:
         scan_upper_id = _cursor(scan_upper_id, "scan upper id")
         statement = (
             update(_r)
-            .where(_claim_holds_lease(claim), pinned_epoch, status_owns_run(claim, epoch))
+            .where(_claim_holds_lease(claim), pinned_epoch, _status_owns_claimed_run(claim, epoch))
             .values(
                 target_epoch=epoch,
                 field_fingerprint=field_fingerprint,
@@ -859,7 +834,7 @@ class ReconciliationRepository:
             .where(
                 _canonical_sources(claim.collection_id),
                 live_claim_exists(claim),
-                status_owns_run(claim, epoch),
+                _status_owns_claimed_run(claim, epoch),
             )
             .order_by(sources.c.source_key.desc())
             .limit(1)
@@ -885,7 +860,7 @@ class ReconciliationRepository:
                 _r.c.target_epoch == epoch,
                 _r.c.field_fingerprint == field_fingerprint,
                 _r.c.phase == ReconciliationPhase.SCAN.value,
-                status_owns_run(claim, epoch),
+                _status_owns_claimed_run(claim, epoch),
                 _no_work_rows(claim.collection_id),
             )
             .values(
@@ -1507,5 +1482,4 @@ __all__: Sequence[str] = (
     "live_claim_exists",
     "needs_reconciliation_row",
     "seed_next_candidate_statement",
-    "status_owns_run",
 )
