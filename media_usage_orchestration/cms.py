@@ -15,9 +15,10 @@ from typing import Any
 from sqlalchemy import JSON, Connection, Engine, delete, func, insert, select, update
 from ulid import ULID
 
+from .errors import CmsError
 from .store import schema
 from .store import status as status_store
-from .store.activation import read_activation
+from .store.activation import writable_activation_state
 from .store.capture_triggers import (
     CaptureIdentity,
     install_capture_triggers,
@@ -53,14 +54,6 @@ FIELD_TYPES = frozenset(
         "repeater",
     }
 )
-
-
-class CmsError(ValueError):
-    """A refused CMS write; `code` is EmDash's (COLLECTION_EXISTS, COLLECTION_NOT_FOUND, ...)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -141,7 +134,7 @@ class CmsWriter:
         collection = Collection(collection_id or new_id(), slug, tuple(fields))
         columns = [ContentField(spec.slug, field_column_type(spec.type)) for spec in fields]
         with self.engine.begin() as connection:
-            state = self._writable_activation_state(connection, schema_change=True)
+            state = writable_activation_state(connection, share_lock=True)
             self._refuse_held_slug(connection, slug)
             if state == "active":
                 self._create_captured(connection, collection, columns, label)
@@ -163,23 +156,6 @@ class CmsWriter:
         status_store.mark_capture_ready(connection, collection.id, collection.slug)
         self._insert_registry(connection, collection, label)
         status_store.finalize_collection_capture(connection, collection.id, collection.slug)
-
-    def _writable_activation_state(
-        self, connection: Connection, *, schema_change: bool = False
-    ) -> str:
-        """EmDash's write fence: schema and content writes wait while activation runs.
-
-        A schema change decided on `expanded` must commit before activation can claim its
-        lease, or the pass could finalize without the new collection or field (content writes
-        need no lock: a collection's capture triggers wait for them, and it is left untrusted)."""
-        row = read_activation(connection, share_lock=schema_change)
-        state = row.state if row else "expanded"
-        if state == "activating":
-            raise CmsError(
-                "MEDIA_USAGE_ACTIVATION_IN_PROGRESS",
-                "Writes are paused while media usage capture is being activated",
-            )
-        return state
 
     def _refuse_held_slug(self, connection: Connection, slug: str) -> None:
         # The slug lock is checked before and again after the registry read, as EmDash does:
@@ -258,7 +234,7 @@ class CmsWriter:
         coverage becomes untrusted (EmDash's `invalidateIndexStatusForSchemaChange`)."""
         _validate_fields([spec])
         with self.engine.begin() as connection:
-            state = self._writable_activation_state(connection, schema_change=True)
+            state = writable_activation_state(connection, share_lock=True)
             collection = load_collection(connection, slug)
             order = len(collection.fields)
             self._insert_field(connection, collection.id, spec, order)
@@ -277,7 +253,7 @@ class CmsWriter:
         if not entries:
             return []
         with self.engine.begin() as connection:
-            self._writable_activation_state(connection)
+            writable_activation_state(connection)
             stamp = connection.execute(select(now())).scalar_one()
             rows = [self._entry_row(table, entry, stamp) for entry in entries]
             connection.execute(insert(table), rows)
@@ -291,7 +267,7 @@ class CmsWriter:
         table = self._table(slug)
         changes = {key: _column_value(table, key, value) for key, value in values.items()}
         with self.engine.begin() as connection:
-            self._writable_activation_state(connection)
+            writable_activation_state(connection)
             result = connection.execute(
                 update(table)
                 .where(table.c.id == content_id)
@@ -309,7 +285,7 @@ class CmsWriter:
         """A permanent delete."""
         table = self._table(slug)
         with self.engine.begin() as connection:
-            self._writable_activation_state(connection)
+            writable_activation_state(connection)
             connection.execute(delete(table).where(table.c.id == content_id))
 
     def save_draft(self, slug: str, content_id: str, data: Mapping[str, Any]) -> str:
@@ -317,7 +293,7 @@ class CmsWriter:
         revision_id = new_id()
         table = self._table(slug)
         with self.engine.begin() as connection:
-            self._writable_activation_state(connection)
+            writable_activation_state(connection)
             connection.execute(
                 insert(schema.revisions).values(
                     id=revision_id,

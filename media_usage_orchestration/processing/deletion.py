@@ -27,8 +27,8 @@ from enum import StrEnum
 from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.exc import DBAPIError
 
-from ..cms import CmsError
-from ..store.activation import read_activation
+from ..errors import CollectionHasContentError, CollectionNotFoundError, DeletionConflictError
+from ..store.activation import read_activation, writable_activation_state
 from ..store.capture_triggers import CaptureIdentity, verify_capture_triggers
 from ..store.deletions import (
     ROWS_PER_BATCH,
@@ -135,24 +135,6 @@ class DeletionNotReady(DeletionError):
     """Capture is not in a state that lets the deletion be fenced; nothing was removed."""
 
     code = "MEDIA_USAGE_COLLECTION_DELETION_NOT_READY"
-
-
-class CollectionHasContentError(CmsError):
-    def __init__(self, collection_slug: str) -> None:
-        super().__init__(
-            "COLLECTION_HAS_CONTENT",
-            f'Collection "{collection_slug}" has content. Use force: true to delete.',
-        )
-
-
-class CollectionNotFoundError(CmsError):
-    def __init__(self, collection_slug: str) -> None:
-        super().__init__("COLLECTION_NOT_FOUND", f'Collection "{collection_slug}" not found')
-
-
-class DeletionConflictError(CmsError):
-    def __init__(self, message: str) -> None:
-        super().__init__("CONFLICT", message)
 
 
 # --- policy -----------------------------------------------------------------------------------
@@ -573,14 +555,7 @@ def _delete_legacy_collection(engine: Engine, collection_id: str, collection_slu
 def _require_capture_not_activated(connection: Connection) -> None:
     """The decision to delete synchronously was read outside this transaction; the share lock
     keeps activation from starting until it commits (as for any other schema change)."""
-    row = read_activation(connection, share_lock=True)
-    state = row.state if row else "expanded"
-    if state == "activating":
-        raise CmsError(
-            "MEDIA_USAGE_ACTIVATION_IN_PROGRESS",
-            "Writes are paused while media usage capture is being activated",
-        )
-    if state != "expanded":
+    if writable_activation_state(connection, share_lock=True) != "expanded":
         raise DeletionConflictError("Media usage capture was activated during the delete; retry")
 
 
@@ -686,9 +661,6 @@ __all__ = [
     "RETRY_BASE_SECONDS",
     "RETRY_MAX_SECONDS",
     "ROWS_PER_BATCH",
-    "CollectionHasContentError",
-    "CollectionNotFoundError",
-    "DeletionConflictError",
     "DeletionNotReady",
     "DeletionTickOutcome",
     "DeletionTickResult",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, and_, exists, literal, or_, select, update
 from ulid import ULID
 
+from ..errors import ActivationInProgressError
 from .clock import is_due_at_clock, lease_live_at_clock, now, timestamp_offset
 from .predicates import is_content_collection_status
 from .schema import ACTIVATION_KEY, activation, collections, index_status
@@ -72,6 +73,21 @@ def read_activation(connection: Connection, *, share_lock: bool = False) -> Acti
     if row["runtime_generation"] != RUNTIME_GENERATION:
         raise ActivationGenerationError("Media usage activation runtime generation mismatch")
     return ActivationRow(**{field: row[field] for field in ActivationRow.__dataclass_fields__})
+
+
+def writable_activation_state(connection: Connection, *, share_lock: bool = False) -> str:
+    """EmDash's write fence: the activation state (`expanded` without a row); schema and
+    content writes are refused while activation runs.
+
+    A schema change decided on `expanded` must commit before activation can claim its lease,
+    or the pass could finalize without the new collection or field: it passes `share_lock`
+    (content writes need no lock: a collection's capture triggers wait for them, and it is
+    left untrusted)."""
+    row = read_activation(connection, share_lock=share_lock)
+    state = row.state if row else "expanded"
+    if state == "activating":
+        raise ActivationInProgressError()
+    return state
 
 
 def claim_activation(connection: Connection) -> tuple[str, ActivationRow] | None:
