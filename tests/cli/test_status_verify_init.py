@@ -6,8 +6,8 @@ import pytest
 from sqlalchemy import delete
 from sqlalchemy.engine import make_url
 
-from media_usage_orchestration.cli import status_table
 from media_usage_orchestration.cms import CmsWriter
+from media_usage_orchestration.console import status_table
 from media_usage_orchestration.processing import reconciliation
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store import schema
