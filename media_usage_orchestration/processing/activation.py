@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import Engine
-
 from ..store import activation as store
 from ..store import status as status_store
 from ..store.capture_triggers import (
@@ -22,6 +20,7 @@ from ..store.capture_triggers import (
     install_capture_triggers,
     verify_capture_triggers,
 )
+from ..store.engine import Engine
 from ..store.registry import list_collections
 
 COLLECTIONS_PER_STEP = 1

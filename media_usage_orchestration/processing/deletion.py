@@ -24,11 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import Connection, Engine, delete, select
-from sqlalchemy.exc import DBAPIError
-
 from ..errors import CollectionHasContentError, CollectionNotFoundError, DeletionConflictError
-from ..store.activation import read_activation, writable_activation_state
+from ..store.activation import read_activation_state, writable_activation_state
 from ..store.capture_triggers import CaptureIdentity, verify_capture_triggers
 from ..store.deletions import (
     ROWS_PER_BATCH,
@@ -42,16 +39,15 @@ from ..store.deletions import (
     DeletionRepository,
     GuardAction,
     GuardOutcome,
-    drop_content_table,
+    delete_collection_synchronously,
     execute_local_deletion_guard,
+    read_capture_state,
     table_has_live_content,
 )
-from ..store.engine import is_missing_table, read_transaction
+from ..store.engine import Connection, Engine, read_transaction
 from ..store.identifiers import content_table_name, validate_identifier
 from ..store.leases import LeaseState, bounded_limit, require_flag
-from ..store.predicates import is_collection_status_row, is_content_collection_status
 from ..store.registry import has_collection_identity, read_collection_id
-from ..store.schema import collections, fields, index_status, occurrences, sources
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +218,7 @@ def delete_activated_collection(
         if claimed is not None:
             # A held claim on a tombstone that no longer exists must not write a new one.
             raise DeletionLeaseLost("Collection deletion lease was lost")
-        state = _activation_state(engine)
+        state = read_activation_state(engine)
         if state is None or state == "expanded":
             return FrontPhaseOutcome.INACTIVE
         if state != "active":
@@ -541,15 +537,7 @@ def _delete_legacy_collection(engine: Engine, collection_id: str, collection_slu
         _require_capture_not_activated(connection)
         if not has_collection_identity(connection, collection_id, collection_slug):
             raise CollectionNotFoundError(collection_slug)
-        drop_content_table(connection, collection_slug)
-        connection.execute(delete(fields).where(fields.c.collection_id == collection_id))
-        connection.execute(delete(collections).where(collections.c.id == collection_id))
-        _delete_sources_by_slug(connection, collection_slug)
-        connection.execute(
-            delete(index_status).where(
-                is_content_collection_status(), index_status.c.scope_key == collection_slug
-            )
-        )
+        delete_collection_synchronously(connection, collection_id, collection_slug)
 
 
 def _require_capture_not_activated(connection: Connection) -> None:
@@ -557,14 +545,6 @@ def _require_capture_not_activated(connection: Connection) -> None:
     keeps activation from starting until it commits (as for any other schema change)."""
     if writable_activation_state(connection, share_lock=True) != "expanded":
         raise DeletionConflictError("Media usage capture was activated during the delete; retry")
-
-
-def _delete_sources_by_slug(connection: Connection, collection_slug: str) -> None:
-    # Occurrences have no foreign key to their source: delete them first, explicitly.
-    by_slug = (sources.c.source_type == "content", sources.c.collection_slug == collection_slug)
-    keys = select(sources.c.source_key).where(*by_slug)
-    connection.execute(delete(occurrences).where(occurrences.c.source_key.in_(keys)))
-    connection.execute(delete(sources).where(*by_slug))
 
 
 # --- reads ------------------------------------------------------------------------------------
@@ -579,25 +559,9 @@ def has_live_content(engine: Engine, collection_slug: str) -> bool:
         return table_has_live_content(connection, table_name)
 
 
-def _activation_state(engine: Engine) -> str | None:
-    """The activation state; None when the row or the whole table is missing (never activated)."""
-    try:
-        with read_transaction(engine) as connection:
-            row = read_activation(connection)
-    except DBAPIError as error:
-        if is_missing_table(error):
-            return None
-        raise
-    return row.state if row else None
-
-
 def _capture_state(engine: Engine, collection_id: str, collection_slug: str) -> str | None:
     with read_transaction(engine) as connection:
-        return connection.execute(
-            select(index_status.c.capture_state).where(
-                is_collection_status_row(collection_id, collection_slug)
-            )
-        ).scalar()
+        return read_capture_state(connection, collection_id, collection_slug)
 
 
 def _triggers_verify(engine: Engine, collection_id: str, collection_slug: str) -> bool:

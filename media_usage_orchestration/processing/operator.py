@@ -18,12 +18,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, select
-
 from ..store.coverage import CollectionCoverage, read_all_coverage
 from ..store.cursors import InvalidCursorError, decode_cursor
 from ..store.deletions import DeletionPage, DeletionRepository, OperatorDeletionItem
-from ..store.engine import read_transaction
+from ..store.engine import Engine
 from ..store.identifiers import validate_identifier
 from ..store.leases import LeaseState, bounded_limit
 from ..store.outcomes import REPORTED_RETRY_OUTCOMES, OperatorRetryOutcome
@@ -33,7 +31,6 @@ from ..store.reconciliations import (
     ReconciliationRepository,
 )
 from ..store.registry import read_collection_id
-from ..store.schema import reconciliations
 from ..store.work import OperatorPage, OperatorWorkItem, WorkRepository
 
 DEFAULT_LIST_LIMIT = 50
@@ -293,9 +290,8 @@ def retry_deletion(
 # --- reconciliations --------------------------------------------------------------------------
 
 
-def _reconciliation_item(values: Mapping[str, Any] | ReconciliationRecord) -> ReconciliationItem:
-    if isinstance(values, ReconciliationRecord):
-        values = dataclasses.asdict(values)
+def _reconciliation_item(record: ReconciliationRecord) -> ReconciliationItem:
+    values = dataclasses.asdict(record)
     found = {name: values[name] for name in _RECONCILIATION_ITEM_FIELDS}
     found["state"] = LeaseState(found["state"])
     found["phase"] = ReconciliationPhase(found["phase"])
@@ -306,12 +302,8 @@ def _reconciliation_item(values: Mapping[str, Any] | ReconciliationRecord) -> Re
 
 def list_reconciliations(engine: Engine) -> tuple[ReconciliationItem, ...]:
     """Every collection's reconciliation (at most one each), by slug."""
-    statement = select(*(reconciliations.c[name] for name in _RECONCILIATION_ITEM_FIELDS)).order_by(
-        reconciliations.c.collection_slug, reconciliations.c.collection_id
-    )
-    with read_transaction(engine) as connection:
-        rows = connection.execute(statement).mappings().all()
-    return tuple(_reconciliation_item(row) for row in rows)
+    records = ReconciliationRepository(engine).find_all()
+    return tuple(_reconciliation_item(record) for record in records)
 
 
 def retry_reconciliation(engine: Engine, collection: str) -> RetryReport:

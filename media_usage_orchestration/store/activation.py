@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, and_, exists, literal, or_, select, update
+from sqlalchemy import Connection, Engine, and_, exists, literal, or_, select, update
+from sqlalchemy.exc import DBAPIError
 from ulid import ULID
 
 from ..errors import ActivationInProgressError
 from .clock import is_due_at_clock, lease_live_at_clock, now, timestamp_offset
+from .engine import is_missing_table, read_transaction
 from .predicates import is_content_collection_status
 from .schema import ACTIVATION_KEY, activation, collections, index_status
 
@@ -73,6 +75,18 @@ def read_activation(connection: Connection, *, share_lock: bool = False) -> Acti
     if row["runtime_generation"] != RUNTIME_GENERATION:
         raise ActivationGenerationError("Media usage activation runtime generation mismatch")
     return ActivationRow(**{field: row[field] for field in ActivationRow.__dataclass_fields__})
+
+
+def read_activation_state(engine: Engine) -> str | None:
+    """The activation state; None when the row or the whole table is missing (never activated)."""
+    try:
+        with read_transaction(engine) as connection:
+            row = read_activation(connection)
+    except DBAPIError as error:
+        if is_missing_table(error):
+            return None
+        raise
+    return row.state if row else None
 
 
 def writable_activation_state(connection: Connection, *, share_lock: bool = False) -> str:

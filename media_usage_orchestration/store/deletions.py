@@ -59,7 +59,11 @@ from .leases import (
     require_flag,
 )
 from .outcomes import OperatorRetryOutcome
-from .predicates import is_collection_status_row, registry_identity_is_current
+from .predicates import (
+    is_collection_status_row,
+    is_content_collection_status,
+    registry_identity_is_current,
+)
 from .registry import has_collection_identity
 from .schema import (
     collection_deletions,
@@ -950,6 +954,42 @@ def _fence_collection(
     return GuardOutcome.FENCED if result.rowcount == 1 else GuardOutcome.STALE
 
 
+def delete_collection_synchronously(
+    connection: Connection, collection_id: str, collection_slug: str
+) -> None:
+    """EmDash's delete while capture is not activated, inside the caller's transaction: the FTS
+    and content tables, the registry row and its fields, the collection's sources (by slug)
+    with their occurrences, and its status row."""
+    drop_content_table(connection, collection_slug)
+    connection.execute(delete(fields).where(fields.c.collection_id == collection_id))
+    connection.execute(delete(collections).where(collections.c.id == collection_id))
+    _delete_sources_by_slug(connection, collection_slug)
+    connection.execute(
+        delete(index_status).where(
+            is_content_collection_status(), index_status.c.scope_key == collection_slug
+        )
+    )
+
+
+def _delete_sources_by_slug(connection: Connection, collection_slug: str) -> None:
+    # Occurrences have no foreign key to their source: delete them first, explicitly.
+    by_slug = (sources.c.source_type == "content", sources.c.collection_slug == collection_slug)
+    keys = select(sources.c.source_key).where(*by_slug)
+    connection.execute(delete(occurrences).where(occurrences.c.source_key.in_(keys)))
+    connection.execute(delete(sources).where(*by_slug))
+
+
+def read_capture_state(
+    connection: Connection, collection_id: str, collection_slug: str
+) -> str | None:
+    """The capture state of exactly this collection identity's status row (None without one)."""
+    return connection.execute(
+        select(index_status.c.capture_state).where(
+            is_collection_status_row(collection_id, collection_slug)
+        )
+    ).scalar()
+
+
 def table_has_live_content(connection: Connection, table_name: str) -> bool:
     """Trashed rows (deleted_at set) are not content worth keeping."""
     content = table(table_name, column("deleted_at"))
@@ -994,11 +1034,13 @@ __all__ = [
     "GuardAction",
     "GuardOutcome",
     "OperatorDeletionItem",
+    "delete_collection_synchronously",
     "deletion_lease_is_live",
     "drop_content_table",
     "execute_local_deletion_guard",
     "find_due_statement",
     "holds_deletion_lease",
     "is_slug_deleting",
+    "read_capture_state",
     "table_has_live_content",
 ]

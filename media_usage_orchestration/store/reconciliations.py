@@ -548,6 +548,13 @@ class ReconciliationRepository:
             row = connection.execute(select(_r).where(_r.c.collection_id == collection_id)).first()
         return _to_record(row) if row is not None else None
 
+    def find_all(self) -> list[ReconciliationRecord]:
+        """Beyond the seed: every collection's coordinator (at most one each), by slug, for
+        operators."""
+        statement = select(_r).order_by(_r.c.collection_slug, _r.c.collection_id)
+        with read_transaction(self.engine) as connection:
+            return [_to_record(row) for row in connection.execute(statement)]
+
     def find_coverage(self, collection_id: str) -> Coverage | None:
         """Beyond the seed: the content-media status row of a collection, to explain why a
         collection cannot be claimed."""
