@@ -2,9 +2,9 @@
 
 EmDash's `MediaUsageReconciliationRepository`: one method per guarded statement, with the
 seed's guards composed from two named predicates, `live_claim_exists` (this lease still owns
-the coordinator row) and `predicates.status_owns_run` (the coverage status is running for this run at
-this epoch). Reconciliation leases are live while `lease_expires_at` is after *statement* time,
-as in the seed.
+the coordinator row) and `predicates.status_owns_run` (the coverage status is running for this
+run at this epoch). Reconciliation leases are live while `lease_expires_at` is after
+*statement* time, as in the seed.
 
 Beyond the seed (each says so in its docstring):
 - `renew_lease`: a Dagster step keeps its claim across several pages.
