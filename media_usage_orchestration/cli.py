@@ -22,9 +22,6 @@ from urllib.parse import quote, quote_plus
 import click
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from .bench import bench
 from .console import coverage_table, items_table
@@ -33,9 +30,14 @@ from .processing.verify import VerifyReport, verify_index
 from .store import schema
 from .store.engine import (
     DATABASE_URL_ENV,
+    ArgumentError,
+    DBAPIError,
+    Engine,
+    SQLAlchemyError,
     create_database_engine,
     default_database_url,
     is_missing_table,
+    make_url,
     redacted_url,
 )
 from .store.leases import LeaseState

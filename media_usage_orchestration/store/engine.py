@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 DEFAULT_SQLITE_PATH = Path(".media_usage") / "media_usage.db"
 DATABASE_URL_ENV = "MEDIA_USAGE_DATABASE_URL"
@@ -152,6 +152,7 @@ __all__ = [
     "DEFAULT_SQLITE_PATH",
     "SQLITE_BUSY_TIMEOUT_MS",
     "URL",
+    "ArgumentError",
     "Connection",
     "DBAPIError",
     "Engine",
