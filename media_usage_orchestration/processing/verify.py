@@ -23,14 +23,16 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, column, exists, func, literal, select, table
 
-from ..media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError, load_fields
-from ..media.snapshots import build_content_snapshots, content_rows_query
+from ..media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError
+from ..media.snapshots import build_content_snapshots
 from ..media.sources import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE, ContentSource
+from ..store.content import content_rows_query
 from ..store.engine import is_postgres, read_transaction
 from ..store.identifiers import content_table_name
 from ..store.predicates import is_content_collection_status
 from ..store.schema import collections, index_status, occurrences, revisions, sources, work
-from ..store.sources import SourceRow
+from ..store.source_rows import SourceRow
+from .content_reads import load_fields
 
 ENTRY_PAGE_SIZE = 200
 COMPARED_SOURCE_COLUMNS = (
