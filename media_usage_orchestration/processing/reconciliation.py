@@ -29,8 +29,9 @@ from enum import StrEnum
 
 from sqlalchemy import Engine
 
-from ..media.fields import FieldDiscovery, load_fields
-from ..media.fingerprints import CONTENT_SOURCE_SCHEMA_VERSION, field_fingerprint
+from ..media.fields import FieldDiscovery
+from ..media.fingerprints import field_fingerprint
+from ..media.sources import CONTENT_SOURCE_SCHEMA_VERSION
 from ..store.engine import read_transaction
 from ..store.identifiers import require_text
 from ..store.leases import LeaseState, non_negative_whole
@@ -45,6 +46,7 @@ from ..store.reconciliations import (
     WorkBarrierState,
 )
 from ..store.work import WorkRepository
+from .content_reads import load_fields
 from .work import capture_is_active, process_due_batch
 from .work import retry_delay_seconds as _work_retry_delay_seconds
 

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError, load_fields
-from ..media.snapshots import build_content_snapshots, content_rows_query
+from ..media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError
+from ..media.snapshots import build_content_snapshots
 from ..media.sources import ContentSource
 from ..store import audit
+from ..store.content import content_rows_query
 from ..store.engine import Connection, Engine
-from ..store.sources import SourceRow
+from ..store.source_rows import SourceRow
+from .content_reads import load_fields
 
 ENTRY_PAGE_SIZE = 200
 COMPARED_SOURCE_COLUMNS = (

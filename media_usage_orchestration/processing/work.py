@@ -10,7 +10,7 @@ Three drivers share one post-claim step (`process_claimed`): EmDash's bounded ti
 (`process_due_work`), the inline path after a content write (`process_work_after_write`), and
 a batch path for jobs that claims several rows per statement (`process_due_batch`).
 
-The batch path projects each collection's claimed jobs in bulk (`media/batch_refresh.py`):
+The batch path projects each collection's claimed jobs in bulk (`processing/batch_projection.py`):
 a fixed number of statements per batch - one read transaction, one write transaction, one
 completion statement, one coverage update - where one by one each job costs about 17. It is
 equivalent to running `process_claimed` for every job:
@@ -56,13 +56,13 @@ from typing import TypeVar
 
 from sqlalchemy import Engine
 
-from ..media.batch_refresh import refresh_contents_for_work
-from ..media.projection import RefreshErrorCode, refresh_content_for_work
 from ..store import status as status_store
 from ..store.activation import read_activation
 from ..store.engine import read_transaction
-from ..store.sources import collection_identity_is_current
+from ..store.source_rows import collection_identity_is_current
 from ..store.work import WorkRecord, WorkRepository
+from .batch_projection import refresh_contents_for_work
+from .projection import RefreshErrorCode, refresh_content_for_work
 
 CANDIDATES_PER_TICK = 4
 JOBS_PER_TICK = 1

@@ -12,7 +12,8 @@ from sqlalchemy import Engine, func, select, text
 from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec, SubField
 from media_usage_orchestration.media.sources import source_key
 from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.sources import SourceRepository, SourceRow
+from media_usage_orchestration.store.source_rows import SourceRow
+from media_usage_orchestration.store.source_writes import SourceRepository
 from tests.support import IMAGE_ONLY, count, one, set_activation, set_status
 
 ADMISSION_FIELDS: tuple[FieldSpec, ...] = (

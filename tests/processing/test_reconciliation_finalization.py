@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import update
 
 from media_usage_orchestration.cms import CmsWriter, FieldSpec
-from media_usage_orchestration.media.projection import refresh_content_for_work
+from media_usage_orchestration.processing.projection import refresh_content_for_work
 from media_usage_orchestration.processing.reconciliation import (
     ENTRY_FAILED,
     RECONCILIATION_FAILED,
