@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from ..processing import deletion as processing
 from ..processing.deletion import PhaseStepOutcome, PhaseStepResult
-from ..processing.run_loop import Budget, Page, PagingEnd, page_until_done
+from ..processing.run_loop import Budget, Page, page_until_done
 from ..resources.database import MediaUsageDatabase
 from ..store.deletions import (
     DeletionLease,
@@ -31,6 +31,7 @@ from .leased import (
     is_reexecution,
     leased_outs,
     run_leased_step,
+    stop_unless_done,
 )
 
 PHASE_ORDER = tuple(DeletionPhase)
@@ -122,10 +123,7 @@ def _phase_body(
             "batches": len(paging.results),
             "rows_deleted": sum(result.deleted for result in paging.results),
         }
-        if paging.end is PagingEnd.CLAIM_LOST:
-            raise StepStopped("claim_lost", **metadata)
-        if paging.end is PagingEnd.BUDGET_SPENT:
-            raise StepStopped("budget_exhausted", **metadata)
+        stop_unless_done(paging, **metadata)
         return _report(phase, paging.last, lease, metadata)
 
     return body

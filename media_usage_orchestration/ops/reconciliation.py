@@ -22,7 +22,7 @@ from ..processing.reconciliation.model import (
     ScanOutcome,
     StepResult,
 )
-from ..processing.run_loop import Budget, Paging, PagingEnd
+from ..processing.run_loop import Budget
 from ..resources.database import MediaUsageDatabase
 from ..store.identifiers import validate_identifier
 from ..store.reconciliations import ReconciliationClaim
@@ -35,6 +35,7 @@ from .leased import (
     is_reexecution,
     leased_outs,
     run_leased_step,
+    stop_unless_done,
 )
 
 
@@ -176,21 +177,12 @@ def scan_pages(
             "pages": paging.count(ScanOutcome.ADVANCED),
             "restarts": paging.count(ScanOutcome.RESTART_REQUIRED),
         }
-        _stop_unless_done(paging, **metadata)
+        stop_unless_done(paging, **metadata)
         if paging.last is ScanOutcome.EXHAUSTED:
             return StepReport("exhausted", paging.lease, metadata)
         raise StepStopped(paging.last.value, **metadata)
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
-
-
-def _stop_unless_done(paging: Paging, **metadata) -> None:
-    """A walk whose lease was lost, or whose budget is spent (the row is already handed back
-    due at once), stops the step; one that ended on its own is the caller's to judge."""
-    if paging.end is PagingEnd.CLAIM_LOST:
-        raise StepStopped("claim_lost", **metadata)
-    if paging.end is PagingEnd.BUDGET_SPENT:
-        raise StepStopped("budget_exhausted", **metadata)
 
 
 # --- drain this collection's work -----------------------------------------------------------
@@ -217,7 +209,7 @@ def drain_collection_work(
             "batches": len(paging.results),
             "completed": sum(batch.completed_count for batch in paging.results),
         }
-        _stop_unless_done(paging, **counts)
+        stop_unless_done(paging, **counts)
         return StepReport("drained", paging.lease, counts)
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
@@ -248,7 +240,7 @@ def scan_sources(
         claim = _advanced(entered, "entered").lease
         paging = walks.source_pages(engine, claim, Budget(config.max_pages, config.max_seconds))
         metadata = {"pages": paging.count(ScanOutcome.ADVANCED)}
-        _stop_unless_done(paging, **metadata)
+        stop_unless_done(paging, **metadata)
         if paging.last is ScanOutcome.EXHAUSTED:
             return StepReport("exhausted", paging.lease, metadata)
         if paging.last is ScanOutcome.RESTART_REQUIRED:
