@@ -4,7 +4,7 @@ keep the collection partitions equal to the registry."""
 import dagster as dg
 
 from ..partitions import media_usage_collections, partition_changes
-from ..processing.reconciliation import settle_reconciliations
+from ..processing.reconciliation.maintenance import settle_reconciliations
 from ..resources.database import MediaUsageDatabase
 from ..store.registry import read_collection_slugs
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only

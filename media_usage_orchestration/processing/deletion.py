@@ -48,15 +48,13 @@ from ..store.engine import Connection, Engine, read_transaction
 from ..store.identifiers import content_table_name, validate_identifier
 from ..store.leases import LeaseState, bounded_limit, require_flag
 from ..store.registry import has_collection_identity, read_collection_id
+from .retry_policy import DELETION_RETRY
 
 logger = logging.getLogger(__name__)
 
 CANDIDATES_PER_TICK = 4
 DELETIONS_PER_TICK = 1
 LEASE_DURATION_SECONDS = 5 * 60
-MAX_ATTEMPTS = 5
-RETRY_BASE_SECONDS = 30
-RETRY_MAX_SECONDS = 15 * 60
 MAX_QUERIES_PER_TICK = 30
 REQUEST_FRONT_PHASE_LIMIT = 3
 BACKGROUND_FRONT_PHASE_LIMIT = 1
@@ -131,21 +129,6 @@ class DeletionNotReady(DeletionError):
     """Capture is not in a state that lets the deletion be fenced; nothing was removed."""
 
     code = "MEDIA_USAGE_COLLECTION_DELETION_NOT_READY"
-
-
-# --- policy -----------------------------------------------------------------------------------
-
-
-def retry_delay_seconds(attempt_count: int) -> int:
-    """`min(900, 30 * 2^attempt_count)` without jitter; `attempt_count` is before this failure."""
-    if isinstance(attempt_count, bool) or not isinstance(attempt_count, int) or attempt_count < 0:
-        raise ValueError("attempt_count must be a non-negative whole number")
-    # 30 * 2^5 already exceeds the cap; bounding the exponent keeps the arithmetic small.
-    return min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** min(attempt_count, 5))
-
-
-def is_terminal(attempt_count: int) -> bool:
-    return attempt_count + 1 >= MAX_ATTEMPTS
 
 
 # --- the request path -------------------------------------------------------------------------
@@ -406,8 +389,8 @@ def record_phase_failure(
     record = repository.find(lease.collection_id)
     if not _is_held(record, lease):
         return DeletionTickOutcome.CLAIM_LOST
-    terminal = is_terminal(record.attempt_count)
-    delay = retry_delay_seconds(record.attempt_count)
+    terminal = DELETION_RETRY.is_terminal(record.attempt_count)
+    delay = DELETION_RETRY.delay_seconds(record.attempt_count)
     if not repository.record_failure(lease, DELETION_FAILED, terminal, delay):
         return DeletionTickOutcome.CLAIM_LOST
     logger.error(
@@ -619,11 +602,8 @@ __all__ = [
     "DELETIONS_PER_TICK",
     "DELETION_FAILED",
     "LEASE_DURATION_SECONDS",
-    "MAX_ATTEMPTS",
     "MAX_QUERIES_PER_TICK",
     "REQUEST_FRONT_PHASE_LIMIT",
-    "RETRY_BASE_SECONDS",
-    "RETRY_MAX_SECONDS",
     "ROWS_PER_BATCH",
     "DeletionNotReady",
     "DeletionTickOutcome",
@@ -640,14 +620,12 @@ __all__ = [
     "delete_work_step",
     "fence_step",
     "finalize_step",
-    "is_terminal",
     "process_due_deletions",
     "record_phase_failure",
     "registry_step",
     "release_deletion_lease",
     "renew_deletion_lease",
     "request_collection_deletion",
-    "retry_delay_seconds",
     "run_front_phase",
     "run_phase_step",
     "table_step",
