@@ -46,6 +46,7 @@ from ..media.snapshots import build_content_snapshots
 from ..media.sources import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE, ContentSource
 from ..store.content import content_rows, load_revisions
 from ..store.engine import read_transaction
+from ..store.registry import collection_identity_exists
 from ..store.source_batch_writes import (
     BatchWriteResult,
     Publication,
@@ -55,7 +56,6 @@ from ..store.source_batch_writes import (
 )
 from ..store.source_rows import (
     SourceRow,
-    identity_is_current,
     projection_is_unchanged,
     sources_by_key,
 )
@@ -121,7 +121,7 @@ def _plan(
     """Plans of the entries the batch can refresh outright (the others are simply absent)."""
     keys = {content_id: canonical_source_keys(collection_id, content_id) for content_id in ids}
     with read_transaction(engine) as connection:
-        if not identity_is_current(connection, collection_id, collection_slug):
+        if not collection_identity_exists(connection, collection_id, collection_slug):
             return []
         observed = sources_by_key(connection, [key for each in keys.values() for key in each])
         discovery = load_fields(connection, collection_slug, collection_id)

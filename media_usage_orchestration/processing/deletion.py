@@ -47,7 +47,7 @@ from ..store.deletions import (
 from ..store.engine import Connection, Engine, read_transaction
 from ..store.identifiers import content_table_name, validate_identifier
 from ..store.leases import LeaseState, bounded_limit, require_flag
-from ..store.registry import has_collection_identity, read_collection_id
+from ..store.registry import collection_identity_exists, read_collection_id
 from .retry_policy import DELETION_RETRY
 
 logger = logging.getLogger(__name__)
@@ -518,7 +518,7 @@ def _delete_legacy_collection(engine: Engine, collection_id: str, collection_slu
     content_table_name(collection_slug)  # a bad slug fails before any SQL
     with engine.begin() as connection:
         _require_capture_not_activated(connection)
-        if not has_collection_identity(connection, collection_id, collection_slug):
+        if not collection_identity_exists(connection, collection_id, collection_slug):
             raise CollectionNotFoundError(collection_slug)
         delete_collection_synchronously(connection, collection_id, collection_slug)
 

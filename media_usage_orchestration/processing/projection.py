@@ -27,7 +27,8 @@ from ..media.projection import (
 from ..media.snapshots import SnapshotError, SnapshotResult
 from ..media.sources import ContentSource
 from ..store.engine import read_transaction
-from ..store.source_rows import DeletionMeasurement, SourceRow, collection_identity_is_current
+from ..store.registry import read_collection_identity_exists
+from ..store.source_rows import DeletionMeasurement, SourceRow
 from ..store.source_writes import SourceRepository
 from .content_reads import load_content_snapshots
 
@@ -142,7 +143,9 @@ class _Refresh:
         return self.publish(loaded, observed)
 
     def identity_is_current(self) -> bool:
-        return collection_identity_is_current(self.engine, self.collection_id, self.collection_slug)
+        return read_collection_identity_exists(
+            self.engine, self.collection_id, self.collection_slug
+        )
 
     def delete_for_absent_content(self, observed: Mapping[str, SourceRow]) -> RefreshResult:
         """The entry is gone: its canonical sources go too, only while it stays gone."""

@@ -59,7 +59,7 @@ from sqlalchemy import Engine
 from ..store import status as status_store
 from ..store.activation import read_activation
 from ..store.engine import read_transaction
-from ..store.source_rows import collection_identity_is_current
+from ..store.registry import read_collection_identity_exists
 from ..store.work import WorkRecord, WorkRepository
 from .batch_projection import refresh_contents_for_work
 from .projection import RefreshErrorCode, refresh_content_for_work
@@ -241,7 +241,7 @@ def process_claimed(
 
 
 def _identity_is_current(engine: Engine, claimed: WorkRecord) -> bool:
-    return collection_identity_is_current(engine, claimed.collection_id, claimed.collection_slug)
+    return read_collection_identity_exists(engine, claimed.collection_id, claimed.collection_slug)
 
 
 def _discard(repository: WorkRepository, claimed: WorkRecord) -> WorkOutcome:

@@ -64,7 +64,7 @@ from .predicates import (
     is_content_collection_status,
     registry_identity_is_current,
 )
-from .registry import has_collection_identity
+from .registry import collection_identity_exists
 from .schema import (
     collection_deletions,
     collections,
@@ -858,7 +858,7 @@ class DeletionRepository:
                 )
             if _cleanup_rows_remain(connection, lease.collection_id, slug, include_status=True):
                 raise DeletionCleanupIncomplete("Collection deletion is incomplete")
-            if has_collection_identity(connection, lease.collection_id, slug):
+            if collection_identity_exists(connection, lease.collection_id, slug):
                 raise DeletionCleanupIncomplete("Collection registry identity still exists")
             result = connection.execute(
                 delete(_t).where(

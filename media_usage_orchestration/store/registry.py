@@ -29,7 +29,7 @@ def collection_id_for_slug(connection: Connection, slug: str) -> str | None:
     return connection.execute(select(collections.c.id).where(collections.c.slug == slug)).scalar()
 
 
-def has_collection_identity(connection: Connection, collection_id: str, slug: str) -> bool:
+def collection_identity_exists(connection: Connection, collection_id: str, slug: str) -> bool:
     """A registry row with exactly (id, slug)."""
     found = connection.execute(
         select(collections.c.id).where(
@@ -73,6 +73,11 @@ def holds_collections(connection: Connection) -> bool:
 def read_collection_id(engine: Engine, slug: str) -> str | None:
     with read_transaction(engine) as connection:
         return collection_id_for_slug(connection, slug)
+
+
+def read_collection_identity_exists(engine: Engine, collection_id: str, slug: str) -> bool:
+    with read_transaction(engine) as connection:
+        return collection_identity_exists(connection, collection_id, slug)
 
 
 def read_collection_slugs(engine: Engine) -> list[str]:

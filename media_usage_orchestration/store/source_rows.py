@@ -10,12 +10,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Engine, LargeBinary, cast, column, func, select, table
+from sqlalchemy import Connection, LargeBinary, cast, column, func, select, table
 from ulid import ULID
 
-from .engine import is_postgres, read_transaction
+from .engine import is_postgres
 from .identifiers import content_table_name
-from .schema import CLEANUP_TASK_KEY, cleanup, collections, occurrences, sources
+from .schema import CLEANUP_TASK_KEY, cleanup, occurrences, sources
 
 GENERATION_WRITE_LEASE_SECONDS = 60 * 60
 COMPLETE = "complete"
@@ -209,22 +209,6 @@ def sources_by_key(connection: Connection, source_keys: Sequence[str]) -> dict[s
     return {row.source_key: SourceRow.from_mapping(row._mapping) for row in rows}
 
 
-def identity_is_current(connection: Connection, collection_id: str, collection_slug: str) -> bool:
-    """`collection_identity_is_current` inside the caller's transaction."""
-    statement = select(collections.c.id).where(
-        collections.c.id == collection_id, collections.c.slug == collection_slug
-    )
-    return connection.execute(statement).first() is not None
-
-
-def collection_identity_is_current(
-    engine: Engine, collection_id: str, collection_slug: str
-) -> bool:
-    """One read of the registry: a row with exactly (id, slug) exists."""
-    with read_transaction(engine) as connection:
-        return identity_is_current(connection, collection_id, collection_slug)
-
-
 __all__ = [
     "CANONICAL_IDENTITY_VERSION",
     "COMPLETE",
@@ -238,8 +222,6 @@ __all__ = [
     "OccurrenceValues",
     "SourceProjection",
     "SourceRow",
-    "collection_identity_is_current",
-    "identity_is_current",
     "is_projection_fingerprint",
     "lock_cleanup",
     "occurrence_bytes",
