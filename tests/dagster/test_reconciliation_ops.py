@@ -33,6 +33,7 @@ from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
 from tests.dagster.ops_support import OpResult, invoke
 from tests.dagster.reconciliation_support import FAILED_CODE, PARTITIONS
+from tests.factories import insert_source, of
 from tests.processing.projection_helpers import canonical_key
 from tests.processing.reconciliation_helpers import (
     coordinator,
@@ -44,7 +45,6 @@ from tests.processing.reconciliation_helpers import (
     untrusted_collection,
     work_rows,
 )
-from tests.store.reconciliation_helpers import insert_source
 from tests.support import count, db_now, set_status
 
 GRAPH = (
@@ -358,7 +358,7 @@ def test_a_spent_drain_budget_hands_the_row_back_with_its_work(db, instance, art
 def test_scan_sources_enqueues_work_only_for_content_that_is_gone(db, instance, articles):
     lease = lease_for(db, instance, scan_sources)
     gone = canonical_key(articles, "gone")
-    insert_source(db.engine, articles, gone, content_id="gone")
+    insert_source(db.engine, gone, **of(articles), content_id="gone")
 
     result = invoke(scan_sources, db, lease, instance=instance)
 
@@ -414,7 +414,7 @@ def test_finalize_makes_coverage_complete_and_ends_the_graph(db, instance, artic
 
 def test_finalize_waits_for_the_work_of_the_source_walk(db, instance, articles):
     lease = lease_for(db, instance, scan_sources)
-    insert_source(db.engine, articles, canonical_key(articles, "gone"), content_id="gone")
+    insert_source(db.engine, canonical_key(articles, "gone"), **of(articles), content_id="gone")
     lease = invoke(scan_sources, db, lease, instance=instance).lease
 
     assert_stopped(invoke(finalize_coverage, db, lease, instance=instance), "deferred")
