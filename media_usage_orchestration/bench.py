@@ -36,7 +36,8 @@ from sqlalchemy.engine import URL
 from . import sample_content
 from .cms import CmsWriter, Collection
 from .processing.activation import activate
-from .processing.reconciliation import ReconciliationOutcome, run_to_completion
+from .processing.reconciliation.driver import run_to_completion
+from .processing.reconciliation.model import ReconciliationOutcome
 from .processing.verify import verify_index
 from .processing.work import process_due_batch, process_due_work
 from .store.engine import create_database_engine, normalize_url, redacted_url

@@ -22,22 +22,26 @@ from urllib.parse import quote, quote_plus
 import click
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from .bench import bench
+from .console import coverage_table, items_table
 from .processing import operator
 from .processing.verify import VerifyReport, verify_index
 from .store import schema
 from .store.engine import (
     DATABASE_URL_ENV,
+    ArgumentError,
+    DBAPIError,
+    Engine,
+    SQLAlchemyError,
     create_database_engine,
     default_database_url,
     is_missing_table,
+    make_url,
     redacted_url,
 )
-from .store.records import LeaseState
+from .store.leases import LeaseState
+from .store.outcomes import OperatorRetryOutcome
 
 # Piped or logged output is not cut at rich's default 80 columns: the status table is wider.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -189,7 +193,7 @@ def status(database_url: str | None, as_json: bool) -> None:
     if as_json:
         _print_json([dataclasses.asdict(each) for each in statuses])
     else:
-        console.print(_status_table(statuses))
+        console.print(coverage_table(statuses))
     waiting = [each.collection_slug for each in statuses if each.needs_operator]
     if waiting:
         click.echo(f"Failed work or coverage waits for a retry: {', '.join(waiting)}", err=True)
@@ -385,14 +389,6 @@ def reconciliations_retry(collection: str, database_url: str | None, as_json: bo
 # --- output -----------------------------------------------------------------------------------
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
-
-
 def _columns(*field_names: str) -> dict[str, str]:
     """Table headers for dataclass fields: the field name, spaced."""
     return {name.replace("_", " "): name for name in field_names}
@@ -429,29 +425,6 @@ RECONCILIATION_COLUMNS = _columns(
     "lease_expires_at",
     "last_error_code",
 )
-STATUS_COLUMNS = {
-    "collection": "collection_slug",
-    "capture": "capture_state",
-    "coverage": "status",
-    "epoch": "change_epoch",
-    "required": "reconciliation_required",
-    "entries": "entries",
-    "sources": "sources",
-    "occurrences": "occurrences",
-    "pending": "pending_work",
-    "failed": "failed_work",
-    "last error": "last_error_code",
-}
-
-
-def items_table(title: str, items: Sequence[Any], columns: Mapping[str, str]) -> Table:
-    """One row per item; `columns` maps each header to the item's field."""
-    table = Table(title=title)
-    for index, header in enumerate(columns):
-        table.add_column(header, overflow="fold", no_wrap=index == 0)
-    for item in items:
-        table.add_row(*(_cell(getattr(item, name)) for name in columns.values()))
-    return table
 
 
 def _print_page(
@@ -474,7 +447,7 @@ def _print_page(
 
 
 def _retry_explanation(report: operator.RetryReport) -> str:
-    outcome = operator.RetryOutcome
+    outcome = OperatorRetryOutcome
     if report.outcome is outcome.PENDING:
         return "reopened, it will run again" if report.changed else "already pending, unchanged"
     if report.outcome is outcome.LEASE_ACTIVE:
@@ -499,15 +472,6 @@ def _bulk_message(bulk: operator.BulkRetryReport) -> str:
     counts = ", ".join(f"{count} {outcome}" for outcome, count in bulk.counts.items())
     more = "; more failed work remains, run again" if bulk.more_failed else ""
     return f"Work of {bulk.collection_slug}: {counts} ({bulk.changed} reopened){more}"
-
-
-def status_table(engine: Engine) -> Table:
-    """Coverage per collection: what `media-usage status` prints."""
-    return _status_table(operator.collection_statuses(engine))
-
-
-def _status_table(statuses: Sequence[operator.CollectionStatus]) -> Table:
-    return items_table("Media usage coverage", statuses, STATUS_COLUMNS)
 
 
 def verify_summary_table(report: VerifyReport) -> Table:

@@ -15,9 +15,10 @@ from typing import Any
 from sqlalchemy import JSON, Connection, Engine, delete, func, insert, select, update
 from ulid import ULID
 
+from .errors import CmsError
 from .store import schema
 from .store import status as status_store
-from .store.activation import read_activation
+from .store.activation import writable_activation_state
 from .store.capture_triggers import (
     CaptureIdentity,
     install_capture_triggers,
@@ -25,6 +26,7 @@ from .store.capture_triggers import (
 )
 from .store.clock import now
 from .store.identifiers import content_table_name, validate_identifier
+from .store.registry import collection_id_for_slug
 from .store.schema import (
     COLLECTION_SCOPE,
     CONTENT_ADAPTER_ID,
@@ -52,14 +54,6 @@ FIELD_TYPES = frozenset(
         "repeater",
     }
 )
-
-
-class CmsError(ValueError):
-    """A refused CMS write; `code` is EmDash's (COLLECTION_EXISTS, COLLECTION_NOT_FOUND, ...)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -140,7 +134,7 @@ class CmsWriter:
         collection = Collection(collection_id or new_id(), slug, tuple(fields))
         columns = [ContentField(spec.slug, field_column_type(spec.type)) for spec in fields]
         with self.engine.begin() as connection:
-            state = self._writable_activation_state(connection, schema_change=True)
+            state = writable_activation_state(connection, share_lock=True)
             self._refuse_held_slug(connection, slug)
             if state == "active":
                 self._create_captured(connection, collection, columns, label)
@@ -163,32 +157,13 @@ class CmsWriter:
         self._insert_registry(connection, collection, label)
         status_store.finalize_collection_capture(connection, collection.id, collection.slug)
 
-    def _writable_activation_state(
-        self, connection: Connection, *, schema_change: bool = False
-    ) -> str:
-        """EmDash's write fence: schema and content writes wait while activation runs.
-
-        A schema change decided on `expanded` must commit before activation can claim its
-        lease, or the pass could finalize without the new collection or field (content writes
-        need no lock: a collection's capture triggers wait for them, and it is left untrusted)."""
-        row = read_activation(connection, share_lock=schema_change)
-        state = row.state if row else "expanded"
-        if state == "activating":
-            raise CmsError(
-                "MEDIA_USAGE_ACTIVATION_IN_PROGRESS",
-                "Writes are paused while media usage capture is being activated",
-            )
-        return state
-
     def _refuse_held_slug(self, connection: Connection, slug: str) -> None:
         # The slug lock is checked before and again after the registry read, as EmDash does:
         # a tombstone written while the registry was being read still refuses the create.
         self._refuse_tombstoned_slug(connection, slug)
-        exists_registry = connection.execute(
-            select(schema.collections.c.id).where(schema.collections.c.slug == slug)
-        ).first()
+        registered_id = collection_id_for_slug(connection, slug)
         self._refuse_tombstoned_slug(connection, slug)
-        if exists_registry is not None:
+        if registered_id is not None:
             raise CmsError("COLLECTION_EXISTS", f"Collection {slug!r} already exists")
 
     @staticmethod
@@ -259,7 +234,7 @@ class CmsWriter:
         coverage becomes untrusted (EmDash's `invalidateIndexStatusForSchemaChange`)."""
         _validate_fields([spec])
         with self.engine.begin() as connection:
-            state = self._writable_activation_state(connection, schema_change=True)
+            state = writable_activation_state(connection, share_lock=True)
             collection = load_collection(connection, slug)
             order = len(collection.fields)
             self._insert_field(connection, collection.id, spec, order)
@@ -278,7 +253,7 @@ class CmsWriter:
         if not entries:
             return []
         with self.engine.begin() as connection:
-            self._writable_activation_state(connection)
+            writable_activation_state(connection)
             stamp = connection.execute(select(now())).scalar_one()
             rows = [self._entry_row(table, entry, stamp) for entry in entries]
             connection.execute(insert(table), rows)
@@ -292,7 +267,7 @@ class CmsWriter:
         table = self._table(slug)
         changes = {key: _column_value(table, key, value) for key, value in values.items()}
         with self.engine.begin() as connection:
-            self._writable_activation_state(connection)
+            writable_activation_state(connection)
             result = connection.execute(
                 update(table)
                 .where(table.c.id == content_id)
@@ -310,7 +285,7 @@ class CmsWriter:
         """A permanent delete."""
         table = self._table(slug)
         with self.engine.begin() as connection:
-            self._writable_activation_state(connection)
+            writable_activation_state(connection)
             connection.execute(delete(table).where(table.c.id == content_id))
 
     def save_draft(self, slug: str, content_id: str, data: Mapping[str, Any]) -> str:
@@ -318,7 +293,7 @@ class CmsWriter:
         revision_id = new_id()
         table = self._table(slug)
         with self.engine.begin() as connection:
-            self._writable_activation_state(connection)
+            writable_activation_state(connection)
             connection.execute(
                 insert(schema.revisions).values(
                     id=revision_id,
@@ -368,15 +343,12 @@ def _column_value(table, key: str, value: Any) -> Any:
 
 
 def load_collection(connection: Connection, slug: str) -> Collection:
-    validate_identifier(slug, "collection slug")
-    registry = connection.execute(
-        select(schema.collections.c.id).where(schema.collections.c.slug == slug)
-    ).first()
-    if registry is None:
+    collection_id = collection_id_for_slug(connection, slug)
+    if collection_id is None:
         raise CmsError("COLLECTION_NOT_FOUND", f"Collection {slug!r} not found")
     rows = connection.execute(
         select(schema.fields.c.slug, schema.fields.c.type, schema.fields.c.validation)
-        .where(schema.fields.c.collection_id == registry.id)
+        .where(schema.fields.c.collection_id == collection_id)
         .order_by(schema.fields.c.sort_order, schema.fields.c.slug)
     ).all()
     specs = []
@@ -392,4 +364,4 @@ def load_collection(connection: Connection, slug: str) -> Collection:
             except (ValueError, KeyError, TypeError, AttributeError):
                 subs = ()
         specs.append(FieldSpec(row.slug, row.type, sub_fields=subs))
-    return Collection(registry.id, slug, tuple(specs))
+    return Collection(collection_id, slug, tuple(specs))

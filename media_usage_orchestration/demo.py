@@ -23,15 +23,19 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import Engine, func, inspect, select
-from sqlalchemy.engine import make_url
 
 from . import cms, sample_content
+from .console import status_table
 from .processing.verify import verify_index
-from .store import schema
-from .store.engine import create_database_engine, read_transaction, redacted_url
-from .store.identifiers import content_table_name
-from .store.predicates import is_content_collection_status
+from .store import audit, schema
+from .store.engine import (
+    Engine,
+    create_database_engine,
+    read_transaction,
+    redacted_url,
+    sqlite_database_file,
+)
+from .store.registry import holds_collections, list_collection_slugs
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ def run_demo(
     with _demo_instance(dagster_home, console) as instance:
         runs = _run_jobs(url, engine, instance, console, collections)
     console.print(runs_table(runs))
-    console.print(_status_table(engine))
+    console.print(status_table(engine))
     return _report(engine, console, started)
 
 
@@ -83,7 +87,7 @@ def _prepare_database(url: str, console: Console) -> Engine:
     """A SQLite file an earlier demo made (it left a marker beside it) starts over; any other
     database must hold no collections, since the demo never removes content it did not write.
     A refused database is left exactly as it was."""
-    demo_file = _sqlite_file(url)
+    demo_file = sqlite_database_file(url)
     marker = Path(f"{demo_file}{DEMO_DATABASE_MARKER_SUFFIX}") if demo_file else None
     if marker is not None and marker.exists():
         console.print(f"Starting over: removing the previous demo database {demo_file}")
@@ -103,19 +107,9 @@ def _prepare_database(url: str, console: Console) -> Engine:
     return engine
 
 
-def _sqlite_file(url: str) -> str | None:
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return parsed.database
-
-
 def _holds_collections(engine: Engine) -> bool:
     with read_transaction(engine) as connection:
-        if not inspect(connection).has_table(schema.collections.name):
-            return False
-        count = select(func.count()).select_from(schema.collections)
-        return connection.execute(count).scalar_one() > 0
+        return holds_collections(connection)
 
 
 def _write_content(engine: Engine, collections: Sequence[DemoCollection]) -> None:
@@ -280,24 +274,12 @@ def _progress(console: Console) -> Iterator[Progress]:
 
 def _open_work(engine: Engine) -> int:
     with read_transaction(engine) as connection:
-        return connection.execute(select(func.count()).select_from(schema.work)).scalar_one()
+        return audit.work_count(connection)
 
 
 def _collection_gone(engine: Engine, slug: str) -> bool:
-    """No registry row, no content table, no status row, no tombstone, no sources."""
     with read_transaction(engine) as connection:
-        leftovers = [
-            connection.execute(select(func.count()).where(where)).scalar_one()
-            for where in (
-                schema.collections.c.slug == slug,
-                schema.index_status.c.scope_key == slug,
-                schema.collection_deletions.c.collection_slug == slug,
-                schema.sources.c.collection_slug == slug,
-                schema.work.c.collection_slug == slug,
-            )
-        ]
-        table_exists = inspect(connection).has_table(content_table_name(slug))
-    return not any(leftovers) and not table_exists
+        return audit.collection_is_gone(connection, slug)
 
 
 def _report(engine: Engine, console: Console, started: float) -> int:
@@ -321,17 +303,9 @@ def _report(engine: Engine, console: Console, started: float) -> int:
 
 def _incomplete_collections(engine: Engine) -> list[str]:
     """Registry collections whose coverage is not complete and trusted."""
-    status = schema.index_status
     with read_transaction(engine) as connection:
-        slugs = connection.execute(select(schema.collections.c.slug)).scalars().all()
-        complete = connection.execute(
-            select(status.c.scope_key).where(
-                is_content_collection_status(),
-                status.c.status == "complete",
-                status.c.reconciliation_required == 0,
-            )
-        ).scalars()
-        return sorted(set(slugs) - set(complete))
+        slugs = list_collection_slugs(connection)
+        return sorted(set(slugs) - audit.complete_collection_slugs(connection))
 
 
 def runs_table(runs: Sequence[Any]) -> Table:
@@ -358,26 +332,6 @@ def content_table(engine: Engine) -> Table:
     for header in ("collection", "entries", "with a draft", "trashed"):
         table.add_column(header)
     with read_transaction(engine) as connection:
-        slugs = connection.execute(
-            select(schema.collections.c.slug).order_by(schema.collections.c.slug)
-        ).scalars()
-        for slug in list(slugs):
-            table.add_row(slug, *map(str, _entry_counts(connection, slug)))
+        for slug in list_collection_slugs(connection):
+            table.add_row(slug, *map(str, audit.entry_counts(connection, slug)))
     return table
-
-
-def _entry_counts(connection, slug: str) -> tuple[int, int, int]:
-    content = schema.content_table(slug)
-    return connection.execute(
-        select(
-            func.count(),
-            func.count(content.c.draft_revision_id),
-            func.count(content.c.deleted_at),
-        ).select_from(content)
-    ).one()
-
-
-def _status_table(engine: Engine) -> Table:
-    from .cli import status_table
-
-    return status_table(engine)

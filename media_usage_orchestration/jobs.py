@@ -28,7 +28,7 @@ from .ops.reconciliation import (
     scan_pages,
     scan_sources,
 )
-from .ops.work import process_due_work
+from .ops.work import project_due_work
 from .partitions import media_usage_collections
 
 
@@ -81,7 +81,7 @@ def media_usage_collection_deletion():
     tags={"media_usage/workflow": "work"},
 )
 def media_usage_work():
-    process_due_work()
+    project_due_work()
 
 
 @dg.job(

@@ -1,19 +1,8 @@
 """The reconciliation job is partitioned by collection slug, kept in sync with the registry."""
 
 import dagster as dg
-from sqlalchemy import Engine, select
-
-from .store.engine import read_transaction
-from .store.schema import collections
 
 media_usage_collections = dg.DynamicPartitionsDefinition(name="media_usage_collections")
-
-
-def registry_slugs(engine: Engine) -> list[str]:
-    with read_transaction(engine) as connection:
-        return list(
-            connection.execute(select(collections.c.slug).order_by(collections.c.slug)).scalars()
-        )
 
 
 def partition_changes(

@@ -146,6 +146,17 @@ def activated(db) -> TestDatabase:
 
 
 @pytest.fixture
+def twin(db) -> Iterator[TestDatabase]:
+    """A second, empty database of the same dialect, for running the same scenario twice."""
+    if not db.is_postgres:
+        with installed_database(db.dialect, db.url.replace("media_usage.db", "twin.db")) as twin:
+            yield twin
+        return
+    with postgres_schema() as url, installed_database(db.dialect, url) as twin:
+        yield twin
+
+
+@pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
     """A throwaway Dagster instance for the test."""
     with dg.instance_for_test() as instance:

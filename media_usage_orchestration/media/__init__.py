@@ -1,2 +1,3 @@
-"""EmDash's media usage domain, byte-compatible and free of I/O except `fields.load_fields`:
-field discovery, extraction, canonical JSON, fingerprints and source rows."""
+"""EmDash's media usage domain, byte-compatible and free of I/O: field discovery, extraction,
+canonical JSON, fingerprints, source rows and snapshots built from rows already read, and
+projection admission."""

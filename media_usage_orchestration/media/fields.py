@@ -1,4 +1,5 @@
-"""Which fields of a collection can hold media references (EmDash `content-fields.ts`).
+"""Which fields of a collection can hold media references (EmDash `content-fields.ts`), from
+its `_emdash_fields` rows (read by `store.content.field_rows`).
 
 Field discovery decides which columns are read and extracted, and its result is hashed into
 both fingerprints, so its order and filtering follow `loadContentMediaUsageFields` exactly.
@@ -10,9 +11,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select
-
-from ..store import schema
 from ..store.identifiers import validate_identifier
 from .canonical import parse_json
 
@@ -75,23 +73,6 @@ def discover_fields(rows: Iterable[Mapping[str, Any]]) -> FieldDiscovery:
     extraction.sort(key=lambda field: identifier_collation_key(field.slug))
     display = tuple(slug for slug in DISPLAY_FIELD_SLUGS if slug in present)
     return FieldDiscovery(tuple(extraction), display)
-
-
-def load_fields(
-    connection: Connection, collection_slug: str, collection_id: str | None = None
-) -> FieldDiscovery:
-    """Discover the fields of the registry collection `collection_slug` (and `collection_id`,
-    when given, so a replaced collection with the same slug is not read)."""
-    validate_identifier(collection_slug, "collection slug")
-    field_table, registry = schema.fields, schema.collections
-    query = (
-        select(field_table.c.slug, field_table.c.type, field_table.c.validation)
-        .select_from(field_table.join(registry, registry.c.id == field_table.c.collection_id))
-        .where(registry.c.slug == collection_slug)
-    )
-    if collection_id is not None:
-        query = query.where(registry.c.id == collection_id)
-    return discover_fields(row._mapping for row in connection.execute(query))
 
 
 def _extraction_field(row: Mapping[str, Any]) -> ExtractionField | None:

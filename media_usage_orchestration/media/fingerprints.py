@@ -1,29 +1,26 @@
 """The field and projection fingerprints (EmDash `content-fields.ts`, `projection-fingerprint.ts`).
 
 Both are `<prefix><sha256 hex of canonical JSON>`, and EmDash compares them with stored values,
-so the payload shapes, defaults and orderings below are EmDash's, key for key.
+so the payload shapes, defaults and orderings below are EmDash's, key for key. The projection
+prefix is defined with the stored source row (`store.source_rows`), whose no-op check
+recognises that format.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..store.source_rows import PROJECTION_FINGERPRINT_PREFIX
 from .canonical import CanonicalText, canonical_json, sha256_hex, utf8_bytes, utf16_key
 from .extraction import MediaOccurrence
 from .fields import ExtractionField, FieldDiscovery
-
-if TYPE_CHECKING:
-    from .sources import ContentSource
+from .sources import CONTENT_SOURCE_SCHEMA_VERSION, ContentSource
 
 FINGERPRINT_VERSION = 1
-CONTENT_SOURCE_SCHEMA_VERSION = 1
 FIELD_FINGERPRINT_PREFIX = "media-usage-fields:v1:sha256:"
-PROJECTION_FINGERPRINT_PREFIX = "media-usage-projection:v1:sha256:"
-_PROJECTION_FINGERPRINT_RE = re.compile(re.escape(PROJECTION_FINGERPRINT_PREFIX) + "[a-f0-9]{64}")
 
 
 @dataclass(frozen=True)
@@ -66,10 +63,6 @@ def projection_fingerprint(
         "occurrences": _sorted_occurrence_texts(occurrences),
     }
     return _fingerprint(PROJECTION_FINGERPRINT_PREFIX, payload)
-
-
-def is_projection_fingerprint(value: object) -> bool:
-    return isinstance(value, str) and _PROJECTION_FINGERPRINT_RE.fullmatch(value) is not None
 
 
 def extraction_schema(fields: Sequence[ExtractionField]) -> list[dict[str, Any]]:

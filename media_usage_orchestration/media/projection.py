@@ -1,62 +1,23 @@
-"""Refreshing one entry's canonical projection for a durable work item (EmDash
-`content-refresh.ts`, durable mode): snapshot, admission, guarded publication, guarded deletes.
+"""Projection admission (EmDash `content-refresh.ts`): what one claimed job may write.
 
-Correctness comes only from the repository's guarded statements; this module decides what to
-attempt and turns every lost race into CONTENT_USAGE_GENERATION_CONFLICT, which the work
-processor retries. Projection admission bounds what one claimed job may write (12 occurrence
-units, 512 KiB), so one huge entry cannot monopolise a tick.
+Admission bounds a refresh (12 occurrence units, 512 KiB) before anything is written, so one
+huge entry cannot monopolise a tick. The decisions here are pure: deletion measurements and the
+proof that a projection is unchanged come in as functions, and the refresh that acts on them is
+`processing.projection`.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from enum import StrEnum
 
-from sqlalchemy import Engine
-
-from ..store.engine import read_transaction
-from ..store.sources import (
-    DeletionMeasurement,
-    SourceRepository,
-    SourceRow,
-    collection_identity_is_current,
-)
+from ..store.source_rows import DeletionMeasurement, SourceRow
 from .canonical import canonical_json, utf8_bytes
-from .snapshots import SnapshotError, SnapshotResult, load_content_snapshots
 from .sources import SOURCE_VARIANTS, ContentSource, source_key
-
-logger = logging.getLogger(__name__)
 
 MAX_OCCURRENCE_MUTATION_UNITS = 12
 MAX_PROJECTION_MUTATION_BYTES = 512 * 1024
-REFRESH_MAX_ATTEMPTS = 2
-
-
-class RefreshErrorCode(StrEnum):
-    CONTENT_NOT_FOUND = "CONTENT_NOT_FOUND"
-    DRAFT_REVISION_NOT_FOUND = "DRAFT_REVISION_NOT_FOUND"
-    DRAFT_REVISION_INVALID = "DRAFT_REVISION_INVALID"
-    DRAFT_REVISION_MISMATCH = "DRAFT_REVISION_MISMATCH"
-    REFRESH_ERROR = "CONTENT_USAGE_REFRESH_ERROR"
-    GENERATION_CONFLICT = "CONTENT_USAGE_GENERATION_CONFLICT"
-    RESOURCE_LIMIT = "CONTENT_USAGE_RESOURCE_LIMIT"
-
-
-@dataclass(frozen=True)
-class RefreshResult:
-    success: bool
-    error_code: RefreshErrorCode | None = None
-    refreshed_source_count: int = 0
-    deleted_source_count: int = 0
-
-
-def _conflict(refreshed: int = 0, deleted: int = 0) -> RefreshResult:
-    return RefreshResult(False, RefreshErrorCode.GENERATION_CONFLICT, refreshed, deleted)
-
-
-# --- admission --------------------------------------------------------------------------------
 
 
 @dataclass
@@ -144,26 +105,6 @@ def _snapshot_cost(
     return _Cost(units, size)
 
 
-def plan_projection_admission(
-    repository: SourceRepository,
-    snapshots: Sequence[ContentSource],
-    observed: Mapping[str, SourceRow],
-    canonical_keys: Sequence[str],
-    budget: AdmissionBudget,
-) -> AdmissionPlan:
-    """Admit, defer or refuse one entry's whole refresh before anything is written."""
-
-    def measure(source: SourceRow) -> DeletionMeasurement:
-        return repository.measure_source_generation_deletion(
-            source.source_key, source.current_generation, MAX_OCCURRENCE_MUTATION_UNITS
-        )
-
-    def prove_unchanged() -> frozenset[str]:
-        return _unchanged_keys(repository, snapshots, observed)
-
-    return _plan_admission(snapshots, observed, canonical_keys, budget, measure, prove_unchanged)
-
-
 def admits_outright(
     snapshots: Sequence[ContentSource],
     observed: Mapping[str, SourceRow],
@@ -174,7 +115,7 @@ def admits_outright(
     unchanged projection proven away), the deletions measured as given. Anything else - a
     refresh over the limits, one that fits only once unchanged snapshots are discounted - is
     for `plan_projection_admission` to decide."""
-    plan = _plan_admission(
+    plan = plan_admission(
         snapshots,
         observed,
         canonical_keys,
@@ -185,7 +126,7 @@ def admits_outright(
     return plan.admitted and not plan.no_op_source_keys
 
 
-def _plan_admission(
+def plan_admission(
     snapshots: Sequence[ContentSource],
     observed: Mapping[str, SourceRow],
     canonical_keys: Sequence[str],
@@ -217,19 +158,6 @@ def _plan_admission(
     return AdmissionPlan(AdmissionOutcome.ADMITTED, no_op_keys, absent, cost.units, cost.bytes)
 
 
-def _unchanged_keys(
-    repository: SourceRepository,
-    snapshots: Sequence[ContentSource],
-    observed: Mapping[str, SourceRow],
-) -> frozenset[str]:
-    return frozenset(
-        snapshot.source_key
-        for snapshot in snapshots
-        if snapshot.source_key in observed
-        and repository.projection_matches_expected_source(snapshot, observed[snapshot.source_key])
-    )
-
-
 def _reserve(budget: AdmissionBudget, cost: _Cost) -> None:
     budget.remaining_units -= cost.units
     budget.remaining_bytes -= cost.bytes
@@ -237,128 +165,8 @@ def _reserve(budget: AdmissionBudget, cost: _Cost) -> None:
         budget.has_reserved_mutation = True
 
 
-def _admission_failure(plan: AdmissionPlan) -> RefreshResult:
-    if plan.outcome is AdmissionOutcome.INTRINSIC_RESOURCE_LIMIT:
-        return RefreshResult(False, RefreshErrorCode.RESOURCE_LIMIT)
-    return _conflict()
-
-
-# --- refresh ----------------------------------------------------------------------------------
-
-
 def canonical_source_keys(collection_id: str, content_id: str) -> list[str]:
     return [source_key(collection_id, content_id, variant) for variant in SOURCE_VARIANTS]
-
-
-@dataclass
-class _Refresh:
-    """One durable refresh of (collection_id, slug, content_id) and its admission budget."""
-
-    engine: Engine
-    collection_id: str
-    collection_slug: str
-    content_id: str
-    budget: AdmissionBudget = field(default_factory=AdmissionBudget)
-
-    def __post_init__(self) -> None:
-        self.repository = SourceRepository(self.engine)
-        self.keys = canonical_source_keys(self.collection_id, self.content_id)
-
-    def run(self) -> RefreshResult:
-        conflict = _conflict()
-        for _ in range(REFRESH_MAX_ATTEMPTS):
-            result = self.attempt()
-            if result.error_code is not RefreshErrorCode.GENERATION_CONFLICT:
-                return result
-            conflict = result
-            # A second attempt may only spend what the first did not reserve.
-            if self.budget.has_reserved_mutation:
-                break
-        return _conflict(conflict.refreshed_source_count, conflict.deleted_source_count)
-
-    def attempt(self) -> RefreshResult:
-        observed = self.repository.find_sources(self.keys)
-        with read_transaction(self.engine) as connection:
-            loaded = load_content_snapshots(
-                connection, self.collection_slug, self.content_id, self.collection_id
-            )
-        if loaded.error is SnapshotError.CONTENT_NOT_FOUND:
-            return self.delete_for_absent_content(observed)
-        if not loaded.success:
-            return RefreshResult(False, RefreshErrorCode(loaded.error.value))
-        return self.publish(loaded, observed)
-
-    def identity_is_current(self) -> bool:
-        return collection_identity_is_current(self.engine, self.collection_id, self.collection_slug)
-
-    def delete_for_absent_content(self, observed: Mapping[str, SourceRow]) -> RefreshResult:
-        """The entry is gone: its canonical sources go too, only while it stays gone."""
-        if not self.identity_is_current():
-            return _conflict()
-        plan = plan_projection_admission(self.repository, [], observed, self.keys, self.budget)
-        if not plan.admitted:
-            return _admission_failure(plan)
-        deleted = 0
-        for source in plan.absent_sources:
-            result = self.repository.delete_source_if_matching_content_absent(
-                source.source_key, source, self.collection_slug, self.content_id
-            )
-            if result.deleted:
-                deleted += 1
-            elif result.content_present or result.source is not None:
-                return _conflict(0, deleted)
-        return RefreshResult(True, deleted_source_count=deleted)
-
-    def publish(self, loaded: SnapshotResult, observed: Mapping[str, SourceRow]) -> RefreshResult:
-        if not self.identity_is_current():
-            return _conflict()
-        plan = plan_projection_admission(
-            self.repository, loaded.snapshots, observed, self.keys, self.budget
-        )
-        if not plan.admitted:
-            return _admission_failure(plan)
-        refreshed = 0
-        for snapshot in loaded.snapshots:
-            if snapshot.source_key not in plan.no_op_source_keys:
-                result = self.repository.replace_source_if_matching(
-                    snapshot, snapshot.occurrences, observed.get(snapshot.source_key)
-                )
-                if not (result.replaced or result.unchanged):
-                    return _conflict(refreshed)
-            refreshed += 1
-        # The collection may have been replaced while publishing; then nothing else is ours.
-        if not self.identity_is_current():
-            return _conflict(refreshed)
-        return self.delete_absent(plan.absent_sources, refreshed)
-
-    def delete_absent(self, absent: Sequence[SourceRow], refreshed: int) -> RefreshResult:
-        """Sources the entry no longer produces (a draft that was published or discarded)."""
-        deleted = 0
-        for source in absent:
-            result = self.repository.delete_source_if_matching(source.source_key, source)
-            if result.deleted:
-                deleted += 1
-            elif result.source is not None:
-                return _conflict(refreshed, deleted)
-        return RefreshResult(True, None, refreshed, deleted)
-
-
-def refresh_content_for_work(
-    engine: Engine, collection_id: str, collection_slug: str, content_id: str
-) -> RefreshResult:
-    """Bring one entry's canonical sources in line with its content row, for a claimed job.
-
-    Never raises for a failed refresh: any exception becomes CONTENT_USAGE_REFRESH_ERROR (the
-    job retries), and durable mode leaves coverage and sources untouched on failure.
-    """
-    if not collection_id:
-        raise ValueError("Durable media usage work requires a collection identity")
-    refresh = _Refresh(engine, collection_id, collection_slug, content_id)
-    try:
-        return refresh.run()
-    except Exception:
-        logger.exception("Failed to refresh media usage for %s/%s", collection_slug, content_id)
-        return RefreshResult(False, RefreshErrorCode.REFRESH_ERROR)
 
 
 __all__ = [
@@ -367,11 +175,8 @@ __all__ = [
     "AdmissionBudget",
     "AdmissionOutcome",
     "AdmissionPlan",
-    "RefreshErrorCode",
-    "RefreshResult",
     "admits_outright",
     "canonical_source_keys",
-    "plan_projection_admission",
-    "refresh_content_for_work",
+    "plan_admission",
     "stored_source_byte_length",
 ]

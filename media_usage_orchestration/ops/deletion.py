@@ -5,7 +5,6 @@ finalize). An op whose phase is already past hands the claim on untouched; a bat
 batches while its lease is live, renewing it between batches, within its budget.
 """
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from sqlalchemy import Engine
 
 from ..processing import deletion as processing
 from ..processing.deletion import PhaseStepOutcome, PhaseStepResult
+from ..processing.run_loop import Budget, Page, page_until_done
 from ..resources.database import MediaUsageDatabase
 from ..store.deletions import (
     DeletionLease,
@@ -23,6 +23,7 @@ from ..store.deletions import (
     DeletionRepository,
 )
 from ..store.identifiers import validate_identifier
+from ..store.registry import read_collection_id
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 from .leased import (
     StepReport,
@@ -31,6 +32,7 @@ from .leased import (
     is_reexecution,
     leased_outs,
     run_leased_step,
+    stop_unless_done,
 )
 
 PHASE_ORDER = tuple(DeletionPhase)
@@ -110,26 +112,37 @@ def _phase_body(
     budget: DeletionBatchBudget | None,
 ) -> Callable[[DeletionLease], StepReport]:
     def body(lease: DeletionLease) -> StepReport:
-        started, batches, deleted = time.monotonic(), 0, 0
-        while True:
-            result = step(engine, lease)
-            batches += 1
-            deleted += result.deleted
-            metadata = {"phase": phase.value, "batches": batches, "rows_deleted": deleted}
-            if result.outcome is PhaseStepOutcome.REPEAT:
-                if budget is None or _spent(budget, batches, started):
-                    WORKFLOW.release(engine, lease)
-                    raise StepStopped("budget_exhausted", **metadata)
-                if WORKFLOW.renew(engine, lease) is None:
-                    raise StepStopped("claim_lost", **metadata)
-                continue
-            return _report(phase, result, lease, metadata)
+        paging = page_until_done(
+            lease,
+            lambda held: _batch(engine, step, held),
+            budget=_budget(budget),
+            renew=lambda held: WORKFLOW.renew(engine, held),
+            release_now=lambda held: WORKFLOW.release(engine, held),
+        )
+        metadata = {
+            "phase": phase.value,
+            "batches": len(paging.results),
+            "rows_deleted": sum(result.deleted for result in paging.results),
+        }
+        stop_unless_done(paging, **metadata)
+        return _report(phase, paging.last, lease, metadata)
 
     return body
 
 
-def _spent(budget: DeletionBatchBudget, batches: int, started: float) -> bool:
-    return batches >= budget.max_batches or time.monotonic() - started >= budget.max_seconds
+def _batch(
+    engine: Engine, step: Callable[[Engine, DeletionLease], PhaseStepResult], lease: DeletionLease
+) -> Page[DeletionLease, PhaseStepResult]:
+    result = step(engine, lease)
+    return Page(result, lease, more=result.outcome is PhaseStepOutcome.REPEAT)
+
+
+def _budget(budget: DeletionBatchBudget | None) -> Budget:
+    """A batch op runs its first batch whatever the clock says; a single-step op hands its
+    row back after one step that left rows to remove."""
+    if budget is None:
+        return Budget(max_steps=1)
+    return Budget(budget.max_batches, budget.max_seconds, guaranteed_steps=1)
 
 
 def _report(phase: DeletionPhase, result: PhaseStepResult, lease, metadata) -> StepReport:
@@ -270,7 +283,7 @@ def request_deletion(
 
 
 def _request(engine: Engine, slug: str, force: bool) -> tuple[str, str]:
-    collection_id = processing.registry_id(engine, slug)
+    collection_id = read_collection_id(engine, slug)
     if collection_id is not None and not force and processing.has_live_content(engine, slug):
         raise _refused(slug)
     outcome = processing.delete_activated_collection(

@@ -18,6 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import dagster as dg
 from sqlalchemy import Engine
 
+from ..processing.run_loop import Paging, PagingEnd
 from .common import is_transient_database_error
 
 L = TypeVar("L")
@@ -63,6 +64,15 @@ class StepStopped(Exception):
         super().__init__(outcome)
         self.outcome = outcome
         self.metadata = metadata
+
+
+def stop_unless_done(paging: Paging, **metadata: Any) -> None:
+    """A paging loop whose lease was lost, or whose budget is spent (the row is already handed
+    back due at once), stops the step; one that ended on its own is the caller's to judge."""
+    if paging.end is PagingEnd.CLAIM_LOST:
+        raise StepStopped("claim_lost", **metadata)
+    if paging.end is PagingEnd.BUDGET_SPENT:
+        raise StepStopped("budget_exhausted", **metadata)
 
 
 def is_reexecution(context: dg.OpExecutionContext) -> bool:

@@ -3,9 +3,10 @@ keep the collection partitions equal to the registry."""
 
 import dagster as dg
 
-from ..partitions import media_usage_collections, partition_changes, registry_slugs
-from ..processing.reconciliation import settle_reconciliations
+from ..partitions import media_usage_collections, partition_changes
+from ..processing.reconciliation.maintenance import settle_reconciliations
 from ..resources.database import MediaUsageDatabase
+from ..store.registry import read_collection_slugs
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 
 
@@ -30,7 +31,7 @@ def settle_and_seed_reconciliations(context: dg.OpExecutionContext, database: Me
 )
 def sync_collection_partitions(context: dg.OpExecutionContext, database: MediaUsageDatabase):
     with retry_transient_errors_only():
-        slugs = registry_slugs(database.engine)
+        slugs = read_collection_slugs(database.engine)
     added, removed = partition_changes(context.instance, slugs)
     if added:
         context.instance.add_dynamic_partitions(media_usage_collections.name, added)

@@ -7,8 +7,6 @@ sensor starts the next run from the checkpoint. An op that must wait releases wi
 30 s delay and yields no claim, so the rest of the run is skipped and the run succeeds.
 """
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -16,13 +14,18 @@ import dagster as dg
 from pydantic import Field
 from sqlalchemy import Engine
 
-from ..processing import reconciliation as processing
-from ..processing.deletion import registry_id
-from ..processing.reconciliation import ReconciliationOutcome, ScanOutcome, StepResult
-from ..processing.work import process_due_batch
+from ..processing.reconciliation import steps, walks
+from ..processing.reconciliation.model import (
+    CONTINUE_DELAY_SECONDS,
+    ReconciliationOutcome,
+    ScanOutcome,
+    StepResult,
+)
+from ..processing.run_loop import Budget
 from ..resources.database import MediaUsageDatabase
 from ..store.identifiers import validate_identifier
-from ..store.reconciliations import ReconciliationClaim, WorkBarrierState
+from ..store.reconciliations import ReconciliationClaim
+from ..store.registry import read_collection_id
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 from .coverage import record_coverage, record_failed_coverage
 from .leased import (
@@ -32,6 +35,7 @@ from .leased import (
     is_reexecution,
     leased_outs,
     run_leased_step,
+    stop_unless_done,
 )
 
 
@@ -41,25 +45,23 @@ class ReconciliationWorkflow:
     lost_errors: tuple[type[BaseException], ...] = ()
 
     def renew(self, engine: Engine, claim: ReconciliationClaim) -> ReconciliationClaim | None:
-        return processing.renew(engine, claim)
+        return steps.renew(engine, claim)
 
     def reclaim(
         self, engine: Engine, claim: ReconciliationClaim, *, reopen: bool
     ) -> ReconciliationClaim | None:
-        attempt = processing.reclaim(engine, claim, reopen=reopen)
+        attempt = steps.reclaim(engine, claim, reopen=reopen)
         return attempt.claim if attempt.outcome is ReconciliationOutcome.ADVANCED else None
 
     def release(self, engine: Engine, claim: ReconciliationClaim, delay_seconds: int) -> bool:
-        return processing.release(engine, claim, delay_seconds)
+        return steps.release(engine, claim, delay_seconds)
 
     def record_failure(
         self, engine: Engine, claim: ReconciliationClaim, error: BaseException
     ) -> str:
         # Pages checkpointed before the failure reset the row's attempt count: judge the
         # failure on the row, as EmDash's tick does with the claim it took for its one step.
-        return processing.record_step_failure(
-            engine, processing.reload(engine, claim) or claim
-        ).value
+        return steps.record_step_failure(engine, steps.reload(engine, claim) or claim).value
 
     def report_failure(
         self,
@@ -92,15 +94,6 @@ class DrainBudget(dg.Config):
     max_seconds: float = Field(default=600.0, gt=0, le=3600, description="Time budget per op.")
 
 
-class _Budget:
-    def __init__(self, max_steps: int, max_seconds: float) -> None:
-        self.max_steps, self.deadline, self.steps = max_steps, time.monotonic() + max_seconds, 0
-
-    def spend(self) -> bool:
-        self.steps += 1
-        return self.steps <= self.max_steps and time.monotonic() < self.deadline
-
-
 # --- claim ----------------------------------------------------------------------------------
 
 
@@ -119,11 +112,11 @@ def claim_reconciliation(
     engine = database.engine
     with retry_transient_errors_only():
         validate_identifier(slug, "collection slug")
-        collection_id = registry_id(engine, slug)
+        collection_id = read_collection_id(engine, slug)
         if collection_id is None:
             yield from emit(context, StepReport("not_found", None, {"collection": slug}))
             return
-        attempt = processing.claim_collection(
+        attempt = steps.claim_collection(
             engine, collection_id, force=config.force, reopen=is_reexecution(context)
         )
     metadata = {"collection": slug, "collection_id": collection_id, "reason": attempt.reason}
@@ -153,7 +146,7 @@ def prepare_run(
     engine = database.engine
 
     def step(claim: ReconciliationClaim) -> StepReport:
-        prepared = processing.prepare_run(engine, claim)
+        prepared = steps.prepare_run(engine, claim)
         return _advanced(prepared, "prepared", restarted=prepared.restarted)
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
@@ -178,58 +171,18 @@ def scan_pages(
     engine = database.engine
 
     def step(claim: ReconciliationClaim) -> StepReport:
-        restarts = 0
-
-        def restart_in_place(claim: ReconciliationClaim) -> ReconciliationClaim:
-            nonlocal restarts
-            restarts += 1
-            return _advanced(processing.restart(engine, claim), "restarted").lease
-
-        claim, pages = _page_until_exhausted(
-            engine, claim, config, processing.scan_page, restart_in_place
-        )
-        return StepReport("exhausted", claim, {"pages": pages, "restarts": restarts})
+        budget = Budget(config.max_pages, config.max_seconds)
+        paging = walks.scan_pages(engine, claim, budget)
+        metadata = {
+            "pages": paging.count(ScanOutcome.ADVANCED),
+            "restarts": paging.count(ScanOutcome.RESTART_REQUIRED),
+        }
+        stop_unless_done(paging, **metadata)
+        if paging.last is ScanOutcome.EXHAUSTED:
+            return StepReport("exhausted", paging.lease, metadata)
+        raise StepStopped(paging.last.value, **metadata)
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
-
-
-def _page_until_exhausted(
-    engine: Engine,
-    claim: ReconciliationClaim,
-    budget: PageBudget,
-    page: Callable[[Engine, ReconciliationClaim], ScanOutcome | ReconciliationOutcome],
-    on_restart: Callable[[ReconciliationClaim], ReconciliationClaim],
-) -> tuple[ReconciliationClaim, int]:
-    """Run `page` until the walk is exhausted, renewing the lease after every page; returns
-    the claim and the pages done. A required restart goes to `on_restart`, which returns the
-    claim to go on with (or stops the step); any other outcome but a page stops the step, and
-    so does a spent budget (the row is handed back due at once)."""
-    spent, pages = _Budget(budget.max_pages, budget.max_seconds), 0
-    while spent.spend():
-        paged = page(engine, claim)
-        if paged is ScanOutcome.EXHAUSTED:
-            return claim, pages
-        if paged is ScanOutcome.RESTART_REQUIRED:
-            claim = on_restart(claim)
-        elif paged is ScanOutcome.ADVANCED:
-            pages += 1
-        else:
-            raise StepStopped(paged.value, pages=pages)
-        claim = _renewed(engine, claim, pages=pages)
-    _pause(engine, claim, pages=pages)
-
-
-def _renewed(engine: Engine, claim: ReconciliationClaim, **metadata) -> ReconciliationClaim:
-    renewed = processing.renew(engine, claim)
-    if renewed is None:
-        raise StepStopped("claim_lost", **metadata)
-    return renewed
-
-
-def _pause(engine: Engine, claim: ReconciliationClaim, **metadata) -> NoReturn:
-    """Budget spent: hand the row back due at once so the next run continues from here."""
-    processing.release(engine, claim, processing.CONTINUE_DELAY_SECONDS)
-    raise StepStopped("budget_exhausted", **metadata)
 
 
 # --- drain this collection's work -----------------------------------------------------------
@@ -250,17 +203,14 @@ def drain_collection_work(
     engine = database.engine
 
     def step(claim: ReconciliationClaim) -> StepReport:
-        budget, counts = _Budget(10**9, config.max_seconds), {"batches": 0, "completed": 0}
-        while processing.work_barrier(engine, claim).state is WorkBarrierState.PENDING:
-            if not budget.spend():
-                _pause(engine, claim, **counts)
-            batch = process_due_batch(engine, config.batch_size, collection_id=claim.collection_id)
-            counts["batches"] += 1
-            counts["completed"] += batch.completed_count
-            claim = _renewed(engine, claim, **counts)
-            if batch.claimed_count == 0:
-                break  # what remains is backing off or leased elsewhere: the barrier decides
-        return StepReport("drained", claim, counts)
+        budget = Budget(max_seconds=config.max_seconds)
+        paging = walks.drain_collection_work(engine, claim, budget, config.batch_size)
+        counts = {
+            "batches": len(paging.results),
+            "completed": sum(batch.completed_count for batch in paging.results),
+        }
+        stop_unless_done(paging, **counts)
+        return StepReport("drained", paging.lease, counts)
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
 
@@ -284,18 +234,18 @@ def scan_sources(
     engine = database.engine
 
     def step(claim: ReconciliationClaim) -> StepReport:
-        entered = processing.enter_sources(engine, claim)
+        entered = steps.enter_sources(engine, claim)
         if entered.restarted:
             _restart_later(engine, entered.claim)
         claim = _advanced(entered, "entered").lease
-
-        def restart_later(claim: ReconciliationClaim) -> NoReturn:
-            _restart_later(engine, _advanced(processing.restart(engine, claim), "r").lease)
-
-        claim, pages = _page_until_exhausted(
-            engine, claim, config, processing.source_page, restart_later
-        )
-        return StepReport("exhausted", claim, {"pages": pages})
+        paging = walks.source_pages(engine, claim, Budget(config.max_pages, config.max_seconds))
+        metadata = {"pages": paging.count(ScanOutcome.ADVANCED)}
+        stop_unless_done(paging, **metadata)
+        if paging.last is ScanOutcome.EXHAUSTED:
+            return StepReport("exhausted", paging.lease, metadata)
+        if paging.last is ScanOutcome.RESTART_REQUIRED:
+            _restart_later(engine, paging.lease)
+        raise StepStopped(paging.last.value, **metadata)
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
 
@@ -304,7 +254,7 @@ def _restart_later(engine: Engine, claim: ReconciliationClaim | None) -> NoRetur
     """The epoch or the fields moved after the scan: the run restarted from a fresh scan, which
     an earlier op of the next run performs; hand the row back due at once."""
     if claim is not None:
-        processing.release(engine, claim, processing.CONTINUE_DELAY_SECONDS)
+        steps.release(engine, claim, CONTINUE_DELAY_SECONDS)
     raise StepStopped("restarted")
 
 
@@ -324,7 +274,7 @@ def finalize_coverage(
     engine = database.engine
 
     def step(claim: ReconciliationClaim) -> StepReport:
-        finalized = processing.finalize(engine, claim)
+        finalized = steps.finalize(engine, claim)
         if finalized.restarted:
             _restart_later(engine, finalized.claim)
         if finalized.outcome is ReconciliationOutcome.COMPLETED:

@@ -1,17 +1,12 @@
 """The work op: claim due work in batches and project each entry, within a budget."""
 
-import time
-from collections import Counter
-
 import dagster as dg
 from pydantic import Field
 
-from ..processing.work import WorkBatchResult, process_due_batch
+from ..processing.run_loop import Budget, drain_due_work
 from ..resources.database import MediaUsageDatabase
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 from .coverage import record_coverage
-
-COUNTED = ("claimed", "completed", "retry", "failed", "superseded", "obsolete", "claim_lost")
 
 
 class ProcessDueWorkConfig(dg.Config):
@@ -20,41 +15,22 @@ class ProcessDueWorkConfig(dg.Config):
     batch_size: int = Field(default=25, ge=1, le=100, description="Items claimed per statement.")
 
 
-def _add(totals: dict[str, int], batch: WorkBatchResult) -> None:
-    for name in COUNTED:
-        totals[name] += getattr(batch, f"{name}_count")
-
-
+# The op keeps its original name: run history, re-execution and run configs refer to it.
 @dg.op(
+    name="process_due_work",
     out=dg.Out(dg.Nothing),
     retry_policy=TRANSIENT_RETRY_POLICY,
     description="Claim due work (several items per statement, each with its own lease) and "
     "project each entry until nothing is due or the budget is spent.",
 )
-def process_due_work(
+def project_due_work(
     context: dg.OpExecutionContext, config: ProcessDueWorkConfig, database: MediaUsageDatabase
 ):
-    totals = dict.fromkeys(COUNTED, 0)
-    completed_by_collection: Counter[tuple[str, str]] = Counter()
-    started = time.monotonic()
-    deadline = started + config.max_seconds
-    stopped_by = "nothing_due"
+    budget = Budget(config.max_items, config.max_seconds)
     with retry_transient_errors_only():
-        while True:
-            if totals["claimed"] >= config.max_items or time.monotonic() >= deadline:
-                stopped_by = "budget"
-                break
-            size = min(config.batch_size, config.max_items - totals["claimed"])
-            batch = process_due_batch(database.engine, size)
-            if batch.inactive:
-                stopped_by = "inactive"
-                break
-            _add(totals, batch)
-            completed_by_collection.update(batch.completed_by_collection)
-            if batch.claimed_count == 0:
-                break
-        duration = time.monotonic() - started
-        for (collection_id, slug), completed in sorted(completed_by_collection.items()):
+        drained = drain_due_work(database.engine, budget, config.batch_size)
+        duration = budget.elapsed_seconds()
+        for (collection_id, slug), completed in sorted(drained.completed_by_collection.items()):
             record_coverage(
                 context,
                 database.engine,
@@ -63,5 +39,6 @@ def process_due_work(
                 duration_seconds=duration,
                 entries_projected=completed,
             )
-    context.log.info(f"work: {totals} (stopped: {stopped_by})")
-    yield dg.Output(None, metadata={**totals, "stopped_by": stopped_by})
+    totals = dict(drained.counts)
+    context.log.info(f"work: {totals} (stopped: {drained.stopped_by.value})")
+    yield dg.Output(None, metadata={**totals, "stopped_by": drained.stopped_by.value})

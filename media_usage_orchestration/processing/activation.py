@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import Engine
-
 from ..store import activation as store
 from ..store import status as status_store
 from ..store.capture_triggers import (
@@ -22,6 +20,8 @@ from ..store.capture_triggers import (
     install_capture_triggers,
     verify_capture_triggers,
 )
+from ..store.engine import Engine
+from ..store.registry import list_collections
 
 COLLECTIONS_PER_STEP = 1
 
@@ -85,7 +85,7 @@ def _convert_and_hand_off(
     engine: Engine, token: str, cursor: str | None, processed: list[str]
 ) -> ActivationResult:
     with engine.connect() as connection:
-        candidates = store.find_candidates(connection, cursor, COLLECTIONS_PER_STEP + 1)
+        candidates = list_collections(connection, after=cursor, limit=COLLECTIONS_PER_STEP + 1)
     for collection_id, slug in candidates[:COLLECTIONS_PER_STEP]:
         _convert_collection(engine, token, collection_id, slug)
         processed.append(slug)

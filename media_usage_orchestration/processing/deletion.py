@@ -24,11 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import Connection, Engine, delete, select
-from sqlalchemy.exc import DBAPIError
-
-from ..cms import CmsError
-from ..store.activation import read_activation
+from ..errors import CollectionHasContentError, CollectionNotFoundError, DeletionConflictError
+from ..store.activation import read_activation_state, writable_activation_state
 from ..store.capture_triggers import CaptureIdentity, verify_capture_triggers
 from ..store.deletions import (
     ROWS_PER_BATCH,
@@ -42,25 +39,22 @@ from ..store.deletions import (
     DeletionRepository,
     GuardAction,
     GuardOutcome,
-    drop_content_table,
+    delete_collection_synchronously,
     execute_local_deletion_guard,
-    registry_row_exists,
+    read_capture_state,
     table_has_live_content,
 )
-from ..store.engine import is_missing_table, read_transaction
+from ..store.engine import Connection, Engine, read_transaction
 from ..store.identifiers import content_table_name, validate_identifier
-from ..store.predicates import is_collection_status_row, is_content_collection_status
-from ..store.records import LeaseState, bounded_limit, require_flag
-from ..store.schema import collections, fields, index_status, occurrences, sources
+from ..store.leases import LeaseState, bounded_limit, require_flag
+from ..store.registry import has_collection_identity, read_collection_id
+from .retry_policy import DELETION_RETRY
 
 logger = logging.getLogger(__name__)
 
 CANDIDATES_PER_TICK = 4
 DELETIONS_PER_TICK = 1
 LEASE_DURATION_SECONDS = 5 * 60
-MAX_ATTEMPTS = 5
-RETRY_BASE_SECONDS = 30
-RETRY_MAX_SECONDS = 15 * 60
 MAX_QUERIES_PER_TICK = 30
 REQUEST_FRONT_PHASE_LIMIT = 3
 BACKGROUND_FRONT_PHASE_LIMIT = 1
@@ -137,39 +131,6 @@ class DeletionNotReady(DeletionError):
     code = "MEDIA_USAGE_COLLECTION_DELETION_NOT_READY"
 
 
-class CollectionHasContentError(CmsError):
-    def __init__(self, collection_slug: str) -> None:
-        super().__init__(
-            "COLLECTION_HAS_CONTENT",
-            f'Collection "{collection_slug}" has content. Use force: true to delete.',
-        )
-
-
-class CollectionNotFoundError(CmsError):
-    def __init__(self, collection_slug: str) -> None:
-        super().__init__("COLLECTION_NOT_FOUND", f'Collection "{collection_slug}" not found')
-
-
-class DeletionConflictError(CmsError):
-    def __init__(self, message: str) -> None:
-        super().__init__("CONFLICT", message)
-
-
-# --- policy -----------------------------------------------------------------------------------
-
-
-def retry_delay_seconds(attempt_count: int) -> int:
-    """`min(900, 30 * 2^attempt_count)` without jitter; `attempt_count` is before this failure."""
-    if isinstance(attempt_count, bool) or not isinstance(attempt_count, int) or attempt_count < 0:
-        raise ValueError("attempt_count must be a non-negative whole number")
-    # 30 * 2^5 already exceeds the cap; bounding the exponent keeps the arithmetic small.
-    return min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** min(attempt_count, 5))
-
-
-def is_terminal(attempt_count: int) -> bool:
-    return attempt_count + 1 >= MAX_ATTEMPTS
-
-
 # --- the request path -------------------------------------------------------------------------
 
 
@@ -179,7 +140,7 @@ def request_collection_deletion(
     """EmDash's `SchemaRegistry.deleteCollection(slug, {force})`."""
     validate_identifier(collection_slug, "collection slug")
     force = require_flag(force, "force")
-    collection_id = registry_id(engine, collection_slug)
+    collection_id = read_collection_id(engine, collection_slug)
     if collection_id is not None and not force and has_live_content(engine, collection_slug):
         raise CollectionHasContentError(collection_slug)
     outcome = delete_activated_collection(
@@ -240,7 +201,7 @@ def delete_activated_collection(
         if claimed is not None:
             # A held claim on a tombstone that no longer exists must not write a new one.
             raise DeletionLeaseLost("Collection deletion lease was lost")
-        state = _activation_state(engine)
+        state = read_activation_state(engine)
         if state is None or state == "expanded":
             return FrontPhaseOutcome.INACTIVE
         if state != "active":
@@ -428,8 +389,8 @@ def record_phase_failure(
     record = repository.find(lease.collection_id)
     if not _is_held(record, lease):
         return DeletionTickOutcome.CLAIM_LOST
-    terminal = is_terminal(record.attempt_count)
-    delay = retry_delay_seconds(record.attempt_count)
+    terminal = DELETION_RETRY.is_terminal(record.attempt_count)
+    delay = DELETION_RETRY.delay_seconds(record.attempt_count)
     if not repository.record_failure(lease, DELETION_FAILED, terminal, delay):
         return DeletionTickOutcome.CLAIM_LOST
     logger.error(
@@ -557,49 +518,19 @@ def _delete_legacy_collection(engine: Engine, collection_id: str, collection_slu
     content_table_name(collection_slug)  # a bad slug fails before any SQL
     with engine.begin() as connection:
         _require_capture_not_activated(connection)
-        if not registry_row_exists(connection, collection_id, collection_slug):
+        if not has_collection_identity(connection, collection_id, collection_slug):
             raise CollectionNotFoundError(collection_slug)
-        drop_content_table(connection, collection_slug)
-        connection.execute(delete(fields).where(fields.c.collection_id == collection_id))
-        connection.execute(delete(collections).where(collections.c.id == collection_id))
-        _delete_sources_by_slug(connection, collection_slug)
-        connection.execute(
-            delete(index_status).where(
-                is_content_collection_status(), index_status.c.scope_key == collection_slug
-            )
-        )
+        delete_collection_synchronously(connection, collection_id, collection_slug)
 
 
 def _require_capture_not_activated(connection: Connection) -> None:
     """The decision to delete synchronously was read outside this transaction; the share lock
     keeps activation from starting until it commits (as for any other schema change)."""
-    row = read_activation(connection, share_lock=True)
-    state = row.state if row else "expanded"
-    if state == "activating":
-        raise CmsError(
-            "MEDIA_USAGE_ACTIVATION_IN_PROGRESS",
-            "Writes are paused while media usage capture is being activated",
-        )
-    if state != "expanded":
+    if writable_activation_state(connection, share_lock=True) != "expanded":
         raise DeletionConflictError("Media usage capture was activated during the delete; retry")
 
 
-def _delete_sources_by_slug(connection: Connection, collection_slug: str) -> None:
-    # Occurrences have no foreign key to their source: delete them first, explicitly.
-    by_slug = (sources.c.source_type == "content", sources.c.collection_slug == collection_slug)
-    keys = select(sources.c.source_key).where(*by_slug)
-    connection.execute(delete(occurrences).where(occurrences.c.source_key.in_(keys)))
-    connection.execute(delete(sources).where(*by_slug))
-
-
 # --- reads ------------------------------------------------------------------------------------
-
-
-def registry_id(engine: Engine, collection_slug: str) -> str | None:
-    with read_transaction(engine) as connection:
-        return connection.execute(
-            select(collections.c.id).where(collections.c.slug == collection_slug)
-        ).scalar()
 
 
 def has_live_content(engine: Engine, collection_slug: str) -> bool:
@@ -611,25 +542,9 @@ def has_live_content(engine: Engine, collection_slug: str) -> bool:
         return table_has_live_content(connection, table_name)
 
 
-def _activation_state(engine: Engine) -> str | None:
-    """The activation state; None when the row or the whole table is missing (never activated)."""
-    try:
-        with read_transaction(engine) as connection:
-            row = read_activation(connection)
-    except DBAPIError as error:
-        if is_missing_table(error):
-            return None
-        raise
-    return row.state if row else None
-
-
 def _capture_state(engine: Engine, collection_id: str, collection_slug: str) -> str | None:
     with read_transaction(engine) as connection:
-        return connection.execute(
-            select(index_status.c.capture_state).where(
-                is_collection_status_row(collection_id, collection_slug)
-            )
-        ).scalar()
+        return read_capture_state(connection, collection_id, collection_slug)
 
 
 def _triggers_verify(engine: Engine, collection_id: str, collection_slug: str) -> bool:
@@ -687,15 +602,9 @@ __all__ = [
     "DELETIONS_PER_TICK",
     "DELETION_FAILED",
     "LEASE_DURATION_SECONDS",
-    "MAX_ATTEMPTS",
     "MAX_QUERIES_PER_TICK",
     "REQUEST_FRONT_PHASE_LIMIT",
-    "RETRY_BASE_SECONDS",
-    "RETRY_MAX_SECONDS",
     "ROWS_PER_BATCH",
-    "CollectionHasContentError",
-    "CollectionNotFoundError",
-    "DeletionConflictError",
     "DeletionNotReady",
     "DeletionTickOutcome",
     "DeletionTickResult",
@@ -711,14 +620,12 @@ __all__ = [
     "delete_work_step",
     "fence_step",
     "finalize_step",
-    "is_terminal",
     "process_due_deletions",
     "record_phase_failure",
     "registry_step",
     "release_deletion_lease",
     "renew_deletion_lease",
     "request_collection_deletion",
-    "retry_delay_seconds",
     "run_front_phase",
     "run_phase_step",
     "table_step",

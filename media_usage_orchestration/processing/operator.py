@@ -4,10 +4,10 @@ deletions and reconciliations.
 Dagster-free: the operator jobs and the `media-usage` command both call these functions, so
 every rule is written once. Each retry is one of the store's guarded operator retries (every
 write re-asserts its guard in the same statement, on the database clock, and never takes a
-live lease); this module validates the input, resolves slugs, and maps the three stores'
-outcomes onto one vocabulary: `pending` (changed or not), `lease_active` (with the expiry,
-never the token), `conflict` and `not_found`. Bad input raises `OperatorInputError` before
-anything is written.
+live lease); this module validates the input, resolves slugs, and reports the stores' one
+outcome vocabulary (`store.outcomes`): `pending` (changed or not), `lease_active` (with the
+expiry, never the token), `conflict` and `not_found` (which includes the work seed's
+`collection_not_found`). Bad input raises `OperatorInputError` before anything is written.
 """
 
 from __future__ import annotations
@@ -16,28 +16,22 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
-
-from sqlalchemy import Engine, select
 
 from ..store.coverage import CollectionCoverage, read_all_coverage
 from ..store.cursors import InvalidCursorError, decode_cursor
 from ..store.deletions import DeletionPage, DeletionRepository, OperatorDeletionItem
-from ..store.deletions import RetryOutcome as DeletionRetryOutcome
-from ..store.engine import read_transaction
+from ..store.engine import Engine
 from ..store.identifiers import validate_identifier
-from ..store.reconciliations import OperatorRetryOutcome as ReconciliationRetryOutcome
+from ..store.leases import LeaseState, bounded_limit
+from ..store.outcomes import REPORTED_RETRY_OUTCOMES, OperatorRetryOutcome
 from ..store.reconciliations import (
     ReconciliationPhase,
     ReconciliationRecord,
     ReconciliationRepository,
 )
-from ..store.records import LeaseState, bounded_limit
-from ..store.schema import reconciliations
+from ..store.registry import read_collection_id
 from ..store.work import OperatorPage, OperatorWorkItem, WorkRepository
-from ..store.work import OperatorRetryOutcome as WorkRetryOutcome
-from .deletion import registry_id
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIMIT = 100
@@ -51,13 +45,6 @@ class OperatorInputError(ValueError):
     def __init__(self, message: str, code: str = "VALIDATION_ERROR") -> None:
         super().__init__(message)
         self.code = code
-
-
-class RetryOutcome(StrEnum):
-    PENDING = "pending"
-    LEASE_ACTIVE = "lease_active"
-    CONFLICT = "conflict"
-    NOT_FOUND = "not_found"
 
 
 @dataclass(frozen=True)
@@ -83,16 +70,17 @@ OperatorItem = OperatorWorkItem | OperatorDeletionItem | ReconciliationItem
 
 @dataclass(frozen=True)
 class RetryReport:
-    """One retry: `changed` only with `pending`, `lease_expires_at` only with `lease_active`."""
+    """One retry: `changed` only with `pending`, `lease_expires_at` only with `lease_active`.
+    `outcome` is always one of `REPORTED_RETRY_OUTCOMES`."""
 
-    outcome: RetryOutcome
+    outcome: OperatorRetryOutcome
     changed: bool = False
     lease_expires_at: str | None = None
     item: OperatorItem | None = None
 
     @property
     def succeeded(self) -> bool:
-        return self.outcome is RetryOutcome.PENDING
+        return self.outcome is OperatorRetryOutcome.PENDING
 
     def as_dict(self) -> dict[str, Any]:
         found: dict[str, Any] = {"outcome": self.outcome.value, "changed": self.changed}
@@ -113,7 +101,7 @@ class BulkRetryReport:
 
     @classmethod
     def of(cls, slug: str, reports: Sequence[RetryReport], more_failed: bool) -> BulkRetryReport:
-        counts = dict.fromkeys((outcome.value for outcome in RetryOutcome), 0)
+        counts = dict.fromkeys((outcome.value for outcome in REPORTED_RETRY_OUTCOMES), 0)
         for report in reports:
             counts[report.outcome.value] += 1
         changed = sum(1 for report in reports if report.changed)
@@ -125,14 +113,14 @@ class BulkRetryReport:
 
     @property
     def succeeded(self) -> bool:
-        return self.counts[RetryOutcome.PENDING.value] == self.attempted
+        return self.counts[OperatorRetryOutcome.PENDING.value] == self.attempted
 
     @property
     def outcome(self) -> str:
         """One word for the run tag: pending (all reopened), partial, or no_failed_work."""
         if self.attempted == 0:
             return "no_failed_work"
-        return RetryOutcome.PENDING.value if self.succeeded else "partial"
+        return OperatorRetryOutcome.PENDING.value if self.succeeded else "partial"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -205,7 +193,7 @@ def _unknown_collection(slug: str) -> OperatorInputError:
 def registered_collection_id(engine: Engine, collection: object) -> str:
     """The registry id of a collection slug; an unknown slug is bad input."""
     slug = _slug(collection)
-    collection_id = registry_id(engine, slug)
+    collection_id = read_collection_id(engine, slug)
     if collection_id is None:
         raise _unknown_collection(slug)
     return collection_id
@@ -233,15 +221,6 @@ def list_work(
     return page
 
 
-_WORK_OUTCOMES = {
-    WorkRetryOutcome.PENDING: RetryOutcome.PENDING,
-    WorkRetryOutcome.LEASE_ACTIVE: RetryOutcome.LEASE_ACTIVE,
-    # The collection is registered but its capture is not active (spec 9.2 step 1).
-    WorkRetryOutcome.COLLECTION_NOT_FOUND: RetryOutcome.NOT_FOUND,
-    WorkRetryOutcome.CONFLICT: RetryOutcome.CONFLICT,
-}
-
-
 def retry_work_item(engine: Engine, collection: str, content_id: str) -> RetryReport:
     """Reopen (or create) one entry's work at a freshly invalidated coverage epoch."""
     content_id = _text(content_id, "content ID")
@@ -252,7 +231,7 @@ def retry_work_item(engine: Engine, collection: str, content_id: str) -> RetryRe
 def _retry_work(repository: WorkRepository, collection_id: str, content_id: str) -> RetryReport:
     result = repository.retry_operator_work(collection_id, content_id)
     return RetryReport(
-        _WORK_OUTCOMES[result.outcome], result.changed, result.lease_expires_at, result.work
+        result.outcome.reported, result.changed, result.lease_expires_at, result.work
     )
 
 
@@ -288,14 +267,6 @@ def list_deletions(
     return DeletionRepository(engine).find_operator_page(wanted, limit, cursor)
 
 
-_DELETION_OUTCOMES = {
-    DeletionRetryOutcome.PENDING: RetryOutcome.PENDING,
-    DeletionRetryOutcome.LEASE_ACTIVE: RetryOutcome.LEASE_ACTIVE,
-    DeletionRetryOutcome.NOT_FOUND: RetryOutcome.NOT_FOUND,
-    DeletionRetryOutcome.CONFLICT: RetryOutcome.CONFLICT,
-}
-
-
 def retry_deletion(
     engine: Engine, *, collection_id: str | None = None, collection: str | None = None
 ) -> RetryReport:
@@ -308,20 +279,19 @@ def retry_deletion(
     if collection is not None:
         record = repository.find_by_slug(_slug(collection))
         if record is None:
-            return RetryReport(RetryOutcome.NOT_FOUND)
+            return RetryReport(OperatorRetryOutcome.NOT_FOUND)
         collection_id = record.collection_id
     result = repository.retry_operator_deletion(_text(collection_id, "collection ID"))
     return RetryReport(
-        _DELETION_OUTCOMES[result.outcome], result.changed, result.lease_expires_at, result.item
+        result.outcome.reported, result.changed, result.lease_expires_at, result.item
     )
 
 
 # --- reconciliations --------------------------------------------------------------------------
 
 
-def _reconciliation_item(values: Mapping[str, Any] | ReconciliationRecord) -> ReconciliationItem:
-    if isinstance(values, ReconciliationRecord):
-        values = dataclasses.asdict(values)
+def _reconciliation_item(record: ReconciliationRecord) -> ReconciliationItem:
+    values = dataclasses.asdict(record)
     found = {name: values[name] for name in _RECONCILIATION_ITEM_FIELDS}
     found["state"] = LeaseState(found["state"])
     found["phase"] = ReconciliationPhase(found["phase"])
@@ -332,20 +302,8 @@ def _reconciliation_item(values: Mapping[str, Any] | ReconciliationRecord) -> Re
 
 def list_reconciliations(engine: Engine) -> tuple[ReconciliationItem, ...]:
     """Every collection's reconciliation (at most one each), by slug."""
-    statement = select(*(reconciliations.c[name] for name in _RECONCILIATION_ITEM_FIELDS)).order_by(
-        reconciliations.c.collection_slug, reconciliations.c.collection_id
-    )
-    with read_transaction(engine) as connection:
-        rows = connection.execute(statement).mappings().all()
-    return tuple(_reconciliation_item(row) for row in rows)
-
-
-_RECONCILIATION_OUTCOMES = {
-    ReconciliationRetryOutcome.REOPENED: RetryOutcome.PENDING,
-    ReconciliationRetryOutcome.LEASE_ACTIVE: RetryOutcome.LEASE_ACTIVE,
-    ReconciliationRetryOutcome.NOT_FOUND: RetryOutcome.NOT_FOUND,
-    ReconciliationRetryOutcome.CONFLICT: RetryOutcome.CONFLICT,
-}
+    records = ReconciliationRepository(engine).find_all()
+    return tuple(_reconciliation_item(record) for record in records)
 
 
 def retry_reconciliation(engine: Engine, collection: str) -> RetryReport:
@@ -354,9 +312,7 @@ def retry_reconciliation(engine: Engine, collection: str) -> RetryReport:
     collection_id = registered_collection_id(engine, collection)
     result = ReconciliationRepository(engine).retry_failed_by_operator(collection_id)
     item = _reconciliation_item(result.record) if result.record is not None else None
-    return RetryReport(
-        _RECONCILIATION_OUTCOMES[result.outcome], result.changed, result.lease_expires_at, item
-    )
+    return RetryReport(result.outcome.reported, result.changed, result.lease_expires_at, item)
 
 
 # --- coverage ---------------------------------------------------------------------------------
@@ -374,7 +330,6 @@ __all__ = [
     "CollectionStatus",
     "OperatorInputError",
     "ReconciliationItem",
-    "RetryOutcome",
     "RetryReport",
     "collection_statuses",
     "list_deletions",

@@ -14,23 +14,20 @@ Pending work is reported alongside: while it exists, differences are expected.
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, column, exists, func, literal, select, table
-
-from ..media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError, load_fields
-from ..media.snapshots import build_content_snapshots, content_rows_query
-from ..media.sources import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE, ContentSource
-from ..store.engine import is_postgres, read_transaction
-from ..store.identifiers import content_table_name
-from ..store.predicates import is_content_collection_status
-from ..store.schema import collections, index_status, occurrences, revisions, sources, work
-from ..store.sources import SourceRow
+from ..media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError
+from ..media.snapshots import build_content_snapshots
+from ..media.sources import ContentSource
+from ..store import audit
+from ..store.content import content_rows_query
+from ..store.engine import Connection, Engine
+from ..store.source_rows import SourceRow
+from .content_reads import load_fields
 
 ENTRY_PAGE_SIZE = 200
 COMPARED_SOURCE_COLUMNS = (
@@ -119,55 +116,12 @@ def verify_index(engine: Engine, collection_slugs: Sequence[str] | None = None) 
     the content."""
     summaries: list[CollectionSummary] = []
     differences: list[Difference] = []
-    with _consistent_read(engine) as connection:
-        for collection_id, slug in _captured_collections(connection, collection_slugs):
+    with audit.snapshot_read_transaction(engine) as connection:
+        for collection_id, slug in audit.captured_collections(connection, collection_slugs):
             check = _CollectionCheck(connection, collection_id, slug)
             summaries.append(check.run())
             differences.extend(check.differences)
     return VerifyReport(tuple(summaries), tuple(differences))
-
-
-@contextlib.contextmanager
-def _consistent_read(engine: Engine) -> Iterator[Connection]:
-    """One snapshot for the whole comparison: PostgreSQL's READ COMMITTED would let pages see
-    different states; a SQLite read transaction already is a snapshot."""
-    if not is_postgres(engine):
-        with read_transaction(engine) as connection:
-            yield connection
-        return
-    with engine.connect() as connection:
-        connection = connection.execution_options(isolation_level="REPEATABLE READ")
-        with connection.begin():
-            connection.exec_driver_sql("SET TRANSACTION READ ONLY")
-            yield connection
-
-
-def _captured_collections(
-    connection: Connection, slugs: Sequence[str] | None
-) -> list[tuple[str, str]]:
-    statement = (
-        select(collections.c.id, collections.c.slug)
-        .join(
-            index_status,
-            and_(
-                index_status.c.collection_id == collections.c.id,
-                index_status.c.scope_key == collections.c.slug,
-            ),
-        )
-        .where(is_content_collection_status(), index_status.c.capture_state == "active")
-        .order_by(collections.c.slug)
-    )
-    if slugs:
-        statement = statement.where(collections.c.slug.in_(list(slugs)))
-    return [(row.id, row.slug) for row in connection.execute(statement)]
-
-
-def _canonical_sources(collection_id: str):
-    return and_(
-        sources.c.source_type == SOURCE_TYPE,
-        sources.c.collection_id == collection_id,
-        sources.c.identity_version == CANONICAL_IDENTITY_VERSION,
-    )
 
 
 def _occurrence_values(row: Mapping[str, Any]) -> tuple:
@@ -210,48 +164,25 @@ class _CollectionCheck:
 
     def entry_pages(self, discovery: FieldDiscovery) -> Iterator[list[dict[str, Any]]]:
         query, content = content_rows_query(self.slug, self.collection_id, discovery)
-        cursor = None
-        while True:
-            page = query.order_by(content.c.id).limit(ENTRY_PAGE_SIZE)
-            if cursor is not None:
-                page = page.where(content.c.id > cursor)
-            rows = [dict(row._mapping) for row in self.connection.execute(page)]
-            if not rows:
-                return
-            yield rows
-            cursor = rows[-1]["id"]
+        return audit.row_pages(self.connection, query, content.c.id, ENTRY_PAGE_SIZE)
 
     def revisions_of(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         ids = sorted({row["draft_revision_id"] for row in rows if row.get("draft_revision_id")})
         if not ids:
             return {}
-        statement = select(
-            revisions.c.id, revisions.c.collection, revisions.c.entry_id, revisions.c.data
-        ).where(revisions.c.id.in_(ids))
-        return {row.id: dict(row._mapping) for row in self.connection.execute(statement)}
+        return audit.revisions_by_id(self.connection, ids)
 
     def stored_sources(self, content_ids: Sequence[str]) -> dict[str, SourceRow]:
-        statement = select(sources).where(
-            _canonical_sources(self.collection_id), sources.c.content_id.in_(content_ids)
-        )
-        rows = self.connection.execute(statement)
-        return {row.source_key: SourceRow.from_mapping(row._mapping) for row in rows}
+        rows = audit.canonical_source_rows(self.connection, self.collection_id, content_ids)
+        return {row["source_key"]: SourceRow.from_mapping(row) for row in rows}
 
     def stored_occurrences(self, content_ids: Sequence[str]) -> dict[str, Counter]:
-        statement = (
-            select(occurrences.c.source_key, *(occurrences.c[name] for name in OCCURRENCE_COLUMNS))
-            .join(
-                sources,
-                and_(
-                    sources.c.source_key == occurrences.c.source_key,
-                    sources.c.current_generation == occurrences.c.generation,
-                ),
-            )
-            .where(_canonical_sources(self.collection_id), sources.c.content_id.in_(content_ids))
+        rows = audit.current_occurrence_rows(
+            self.connection, self.collection_id, content_ids, OCCURRENCE_COLUMNS
         )
         found: dict[str, Counter] = {}
-        for row in self.connection.execute(statement):
-            found.setdefault(row.source_key, Counter())[_occurrence_values(row._mapping)] += 1
+        for row in rows:
+            found.setdefault(row["source_key"], Counter())[_occurrence_values(row)] += 1
         return found
 
     # -- comparison ----------------------------------------------------------------------------
@@ -342,59 +273,18 @@ class _CollectionCheck:
             )
 
     def check_sources_without_entry(self) -> None:
-        content = table(content_table_name(self.slug), column("id")).alias("content")
-        statement = (
-            select(sources.c.source_key, sources.c.content_id)
-            .where(
-                _canonical_sources(self.collection_id),
-                ~exists(
-                    select(literal(1))
-                    .select_from(content)
-                    .where(content.c.id == sources.c.content_id)
-                ),
-            )
-            .order_by(sources.c.source_key)
-        )
-        for row in self.connection.execute(statement):
+        gone = audit.canonical_sources_without_entry(self.connection, self.collection_id, self.slug)
+        for source_key, content_id in gone:
             self.source_count += 1
-            self.report(
-                DriftKind.UNEXPECTED_SOURCE, row.content_id, row.source_key, "the entry is gone"
-            )
+            self.report(DriftKind.UNEXPECTED_SOURCE, content_id, source_key, "the entry is gone")
 
     # -- counts --------------------------------------------------------------------------------
 
     def abandoned_occurrence_count(self) -> int:
-        """Rows outside every current generation: of a canonical source's other generations,
-        or under this collection's key prefix with no source row at all."""
-        stale = (
-            select(func.count())
-            .select_from(occurrences)
-            .join(sources, sources.c.source_key == occurrences.c.source_key)
-            .where(
-                _canonical_sources(self.collection_id),
-                occurrences.c.generation != sources.c.current_generation,
-            )
-        )
-        prefix = f"content:{self.collection_id}:"
-        orphaned = (
-            select(func.count())
-            .select_from(occurrences)
-            .where(
-                func.substr(occurrences.c.source_key, 1, len(prefix)) == prefix,
-                ~exists(
-                    select(literal(1))
-                    .select_from(sources)
-                    .where(sources.c.source_key == occurrences.c.source_key)
-                ),
-            )
-        )
-        return sum(self.connection.execute(query).scalar_one() for query in (stale, orphaned))
+        return audit.abandoned_occurrence_count(self.connection, self.collection_id)
 
     def pending_work_count(self) -> int:
-        statement = (
-            select(func.count()).select_from(work).where(work.c.collection_id == self.collection_id)
-        )
-        return self.connection.execute(statement).scalar_one()
+        return audit.work_count(self.connection, self.collection_id)
 
 
 def _describe_occurrence(values: tuple) -> str:

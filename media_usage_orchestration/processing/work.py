@@ -10,7 +10,7 @@ Three drivers share one post-claim step (`process_claimed`): EmDash's bounded ti
 (`process_due_work`), the inline path after a content write (`process_work_after_write`), and
 a batch path for jobs that claims several rows per statement (`process_due_batch`).
 
-The batch path projects each collection's claimed jobs in bulk (`media/batch_refresh.py`):
+The batch path projects each collection's claimed jobs in bulk (`processing/batch_projection.py`):
 a fixed number of statements per batch - one read transaction, one write transaction, one
 completion statement, one coverage update - where one by one each job costs about 17. It is
 equivalent to running `process_claimed` for every job:
@@ -56,22 +56,19 @@ from typing import TypeVar
 
 from sqlalchemy import Engine
 
-from ..media.batch_refresh import refresh_contents_for_work
-from ..media.projection import RefreshErrorCode, refresh_content_for_work
 from ..store import status as status_store
 from ..store.activation import read_activation
 from ..store.engine import read_transaction
-from ..store.sources import collection_identity_is_current
+from ..store.source_rows import collection_identity_is_current
 from ..store.work import WorkRecord, WorkRepository
+from .batch_projection import refresh_contents_for_work
+from .projection import RefreshErrorCode, refresh_content_for_work
+from .retry_policy import WORK_RETRY
 
 CANDIDATES_PER_TICK = 4
 JOBS_PER_TICK = 1
 MAX_TICK_DURATION_SECONDS = 5.0
 LEASE_DURATION_SECONDS = 60
-MAX_ATTEMPTS = 5
-RETRY_BASE_SECONDS = 30
-RETRY_MAX_SECONDS = 15 * 60
-RETRY_JITTER_RATIO = 0.25
 ORDINARY_STATEMENTS_PER_JOB = 20
 
 SNAPSHOT_FAILED = "MEDIA_USAGE_SNAPSHOT_FAILED"
@@ -186,21 +183,13 @@ class WorkBatchResult:
 # --- policy -----------------------------------------------------------------------------------
 
 
-def retry_delay_seconds(attempt_count: int, rng=random) -> int:
-    """Exponential backoff with up to 25 % jitter, capped at 15 minutes; `attempt_count` is
-    the count before this failure (0 -> 30..37 s, 1 -> 60..74 s, ...)."""
-    exponential = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2**attempt_count)
-    jitter = int(exponential * RETRY_JITTER_RATIO * rng.random())
-    return min(RETRY_MAX_SECONDS, exponential + jitter)
-
-
 def work_error_code(refresh_code: RefreshErrorCode | str | None) -> str:
     return _WORK_ERROR_CODES.get(refresh_code, PROCESSING_FAILED)
 
 
 def is_terminal(error_code: str, attempt_count: int) -> bool:
     """A resource limit will not shrink by retrying; anything else gets five attempts."""
-    return error_code == RESOURCE_LIMIT or attempt_count + 1 >= MAX_ATTEMPTS
+    return error_code == RESOURCE_LIMIT or WORK_RETRY.is_terminal(attempt_count)
 
 
 def capture_is_active(engine: Engine) -> bool:
@@ -225,7 +214,9 @@ def process_candidate(engine: Engine, candidate: WorkRecord) -> WorkOutcome:
     return process_claimed(engine, claimed)
 
 
-def process_claimed(engine: Engine, claimed: WorkRecord, rng=random) -> WorkOutcome:
+def process_claimed(
+    engine: Engine, claimed: WorkRecord, rng: Callable[[], float] = random.random
+) -> WorkOutcome:
     """Everything after a successful claim; each write carries this claim's own lease."""
     repository = WorkRepository(engine)
     lease = claimed.lease
@@ -261,11 +252,15 @@ def _discard(repository: WorkRepository, claimed: WorkRecord) -> WorkOutcome:
 
 
 def _record_failure(
-    engine: Engine, repository: WorkRepository, claimed: WorkRecord, error_code: str, rng
+    engine: Engine,
+    repository: WorkRepository,
+    claimed: WorkRecord,
+    error_code: str,
+    rng: Callable[[], float],
 ) -> WorkOutcome:
     lease = claimed.lease
     if not is_terminal(error_code, claimed.attempt_count):
-        delay = retry_delay_seconds(claimed.attempt_count, rng)
+        delay = WORK_RETRY.delay_seconds(claimed.attempt_count, rng)
         if repository.retry_work(lease, delay, error_code):
             return WorkOutcome.RETRY
         return WorkOutcome.SUPERSEDED
@@ -441,7 +436,6 @@ __all__ = [
     "CANDIDATES_PER_TICK",
     "JOBS_PER_TICK",
     "LEASE_DURATION_SECONDS",
-    "MAX_ATTEMPTS",
     "ORDINARY_STATEMENTS_PER_JOB",
     "OutcomeCounts",
     "WorkBatchResult",
@@ -454,6 +448,5 @@ __all__ = [
     "process_due_batch",
     "process_due_work",
     "process_work_after_write",
-    "retry_delay_seconds",
     "work_error_code",
 ]

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, and_, exists, literal, or_, select, update
+from sqlalchemy import Connection, Engine, and_, exists, literal, or_, select, update
+from sqlalchemy.exc import DBAPIError
 from ulid import ULID
 
+from ..errors import ActivationInProgressError
 from .clock import is_due_at_clock, lease_live_at_clock, now, timestamp_offset
+from .engine import is_missing_table, read_transaction
 from .predicates import is_content_collection_status
 from .schema import ACTIVATION_KEY, activation, collections, index_status
 
@@ -72,6 +75,33 @@ def read_activation(connection: Connection, *, share_lock: bool = False) -> Acti
     if row["runtime_generation"] != RUNTIME_GENERATION:
         raise ActivationGenerationError("Media usage activation runtime generation mismatch")
     return ActivationRow(**{field: row[field] for field in ActivationRow.__dataclass_fields__})
+
+
+def read_activation_state(engine: Engine) -> str | None:
+    """The activation state; None when the row or the whole table is missing (never activated)."""
+    try:
+        with read_transaction(engine) as connection:
+            row = read_activation(connection)
+    except DBAPIError as error:
+        if is_missing_table(error):
+            return None
+        raise
+    return row.state if row else None
+
+
+def writable_activation_state(connection: Connection, *, share_lock: bool = False) -> str:
+    """EmDash's write fence: the activation state (`expanded` without a row); schema and
+    content writes are refused while activation runs.
+
+    A schema change decided on `expanded` must commit before activation can claim its lease,
+    or the pass could finalize without the new collection or field: it passes `share_lock`
+    (content writes need no lock: a collection's capture triggers wait for them, and it is
+    left untrusted)."""
+    row = read_activation(connection, share_lock=share_lock)
+    state = row.state if row else "expanded"
+    if state == "activating":
+        raise ActivationInProgressError()
+    return state
 
 
 def claim_activation(connection: Connection) -> tuple[str, ActivationRow] | None:
@@ -181,16 +211,6 @@ def record_activation_failure(connection: Connection, lease_token: str) -> None:
             updated_at=now(),
         )
     )
-
-
-def find_candidates(
-    connection: Connection, cursor: str | None, limit: int
-) -> list[tuple[str, str]]:
-    statement = select(collections.c.id, collections.c.slug)
-    if cursor:
-        statement = statement.where(collections.c.slug > cursor)
-    rows = connection.execute(statement.order_by(collections.c.slug).limit(limit))
-    return [(row.id, row.slug) for row in rows]
 
 
 def find_incomplete_collection(connection: Connection) -> tuple[str, str] | None:

@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from sqlalchemy import Connection, select, text
 
+from .clock import POSTGRES_CLOCK_UTC, postgres_time_text, sqlite_time_text
 from .identifiers import content_table_name, quote_identifier, require_text, validate_identifier
 from .predicates import is_content_collection_status
 from .schema import index_status
@@ -302,7 +303,7 @@ status = CASE WHEN status = 'complete' THEN 'stale' ELSE status END,
 completed_at = CASE WHEN status = 'complete' THEN NULL ELSE completed_at END,
 updated_at = {now}"""
 
-_SQLITE_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+_SQLITE_NOW = sqlite_time_text()
 
 
 def _sqlite_trigger_sql(identity: CaptureIdentity, operation: CaptureOperation, name: str) -> str:
@@ -361,7 +362,7 @@ END"""
 
 
 def _postgres_function_sql() -> str:
-    now = "to_char(\nclock_timestamp() AT TIME ZONE 'UTC',\n'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'\n)"
+    now = postgres_time_text(POSTGRES_CLOCK_UTC, one_argument_per_line=True)
     return f"""CREATE OR REPLACE FUNCTION {quote_identifier(POSTGRES_TRIGGER_FUNCTION)}()
 RETURNS trigger
 LANGUAGE plpgsql

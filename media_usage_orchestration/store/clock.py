@@ -23,6 +23,22 @@ MAX_PORTABLE_DURATION_SECONDS = 365 * 24 * 60 * 60
 
 SQLITE_FORMAT = "%Y-%m-%dT%H:%M:%fZ"
 POSTGRES_FORMAT = 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'
+POSTGRES_CLOCK_UTC = "clock_timestamp() AT TIME ZONE 'UTC'"
+POSTGRES_STATEMENT_UTC = "statement_timestamp() AT TIME ZONE 'UTC'"
+
+
+def sqlite_time_text(*modifiers: str) -> str:
+    """SQLite's `now` (shifted by `modifiers`, SQL string literals) as sortable text."""
+    arguments = ", ".join((f"'{SQLITE_FORMAT}'", "'now'", *modifiers))
+    return f"strftime({arguments})"
+
+
+def postgres_time_text(timestamp: str, *, one_argument_per_line: bool = False) -> str:
+    """A PostgreSQL UTC timestamp expression as sortable text. The trigger function is laid
+    out as EmDash writes it (one argument per line), since its DDL is compared with EmDash's."""
+    if one_argument_per_line:
+        return f"to_char(\n{timestamp},\n'{POSTGRES_FORMAT}'\n)"
+    return f"to_char({timestamp}, '{POSTGRES_FORMAT}')"
 
 
 def validate_duration(seconds: int, label: str, *, allow_zero: bool) -> int:
@@ -55,16 +71,13 @@ class timestamp_offset(FunctionElement):
 @compiles(timestamp_offset, "postgresql")
 def _timestamp_offset_postgres(element, compiler, **kw):
     seconds = compiler.process(element.clauses.clauses[0], **kw)
-    return (
-        f"to_char((clock_timestamp() AT TIME ZONE 'UTC') + ({seconds} * INTERVAL '1 second'), "
-        f"'{POSTGRES_FORMAT}')"
-    )
+    return postgres_time_text(f"({POSTGRES_CLOCK_UTC}) + ({seconds} * INTERVAL '1 second')")
 
 
 @compiles(timestamp_offset, "sqlite")
 def _timestamp_offset_sqlite(element, compiler, **kw):
     modifier = compiler.process(element.clauses.clauses[1], **kw)
-    return f"strftime('{SQLITE_FORMAT}', 'now', {modifier})"
+    return sqlite_time_text(modifier)
 
 
 def now() -> timestamp_offset:
@@ -81,12 +94,12 @@ class statement_now(FunctionElement):
 
 @compiles(statement_now, "postgresql")
 def _statement_now_postgres(element, compiler, **kw):
-    return f"to_char(statement_timestamp() AT TIME ZONE 'UTC', '{POSTGRES_FORMAT}')"
+    return postgres_time_text(POSTGRES_STATEMENT_UTC)
 
 
 @compiles(statement_now, "sqlite")
 def _statement_now_sqlite(element, compiler, **kw):
-    return f"strftime('{SQLITE_FORMAT}', 'now')"
+    return sqlite_time_text()
 
 
 class _clock_lease_live(FunctionElement):
@@ -109,7 +122,7 @@ def _clock_lease_live_postgres(element, compiler, **kw):
 @compiles(_clock_lease_live, "sqlite")
 def _clock_lease_live_sqlite(element, compiler, **kw):
     column = compiler.process(element.clauses.clauses[0], **kw)
-    return f"{column} > strftime('{SQLITE_FORMAT}', 'now')"
+    return f"{column} > {sqlite_time_text()}"
 
 
 def is_due(column: ColumnElement) -> ColumnElement[bool]:

@@ -15,10 +15,10 @@ from sqlalchemy import Connection, Engine, and_, column, func, select, table
 
 from .engine import read_transaction
 from .identifiers import content_table_name
+from .leases import LeaseState
 from .predicates import is_content_collection_status
-from .records import LeaseState
 from .schema import collections, index_status, occurrences, sources, work
-from .sources import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
+from .source_rows import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
 
 
 @dataclass(frozen=True)

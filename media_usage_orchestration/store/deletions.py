@@ -48,8 +48,7 @@ from .identifiers import (
     validate_error_code,
     validate_identifier,
 )
-from .predicates import is_collection_status_row, registry_identity_is_current
-from .records import (
+from .leases import (
     LeaseState,
     bounded_limit,
     due_candidates_statement,
@@ -59,6 +58,13 @@ from .records import (
     parse_lease_state,
     require_flag,
 )
+from .outcomes import OperatorRetryOutcome
+from .predicates import (
+    is_collection_status_row,
+    is_content_collection_status,
+    registry_identity_is_current,
+)
+from .registry import has_collection_identity
 from .schema import (
     collection_deletions,
     collections,
@@ -109,13 +115,6 @@ class GuardOutcome(StrEnum):
     HAS_CONTENT = "has_content"
     STALE = "stale"
     DROPPED = "dropped"
-
-
-class RetryOutcome(StrEnum):
-    PENDING = "pending"
-    LEASE_ACTIVE = "lease_active"
-    NOT_FOUND = "not_found"
-    CONFLICT = "conflict"
 
 
 class DeletionError(RuntimeError):
@@ -195,7 +194,7 @@ class DeletionPage:
 
 @dataclass(frozen=True)
 class DeletionRetryResult:
-    outcome: RetryOutcome
+    outcome: OperatorRetryOutcome
     changed: bool = False
     item: OperatorDeletionItem | None = None
     lease_expires_at: str | None = None
@@ -388,18 +387,6 @@ def _cleanup_rows_remain(
     )
 
 
-def registry_row_exists(connection: Connection, collection_id: str, collection_slug: str) -> bool:
-    """A registry row with exactly (id, slug)."""
-    return (
-        connection.execute(
-            select(collections.c.id).where(
-                collections.c.id == collection_id, collections.c.slug == collection_slug
-            )
-        ).first()
-        is not None
-    )
-
-
 def _page_ids(
     connection: Connection, id_column, scope: ColumnElement[bool], after: str | None, batch: int
 ) -> list[str]:
@@ -565,10 +552,12 @@ class DeletionRepository:
                 select(_t).where(_t.c.collection_id == collection_id)
             ).first()
             if observed is None:
-                return DeletionRetryResult(RetryOutcome.NOT_FOUND)
+                return DeletionRetryResult(OperatorRetryOutcome.NOT_FOUND)
             live_expiry = self._live_lease_expiry(connection, observed)
             if live_expiry is not None:
-                return DeletionRetryResult(RetryOutcome.LEASE_ACTIVE, lease_expires_at=live_expiry)
+                return DeletionRetryResult(
+                    OperatorRetryOutcome.LEASE_ACTIVE, lease_expires_at=live_expiry
+                )
             reopened = connection.execute(
                 update(_t)
                 .where(_t.c.collection_id == collection_id, is_reopenable_by_operator(_t))
@@ -584,9 +573,9 @@ class DeletionRepository:
                 .returning(*_t.c)
             ).first()
         if reopened is None:
-            return DeletionRetryResult(RetryOutcome.CONFLICT)
+            return DeletionRetryResult(OperatorRetryOutcome.CONFLICT)
         return DeletionRetryResult(
-            RetryOutcome.PENDING, changed=True, item=_to_operator_item(reopened)
+            OperatorRetryOutcome.PENDING, changed=True, item=_to_operator_item(reopened)
         )
 
     @staticmethod
@@ -869,7 +858,7 @@ class DeletionRepository:
                 )
             if _cleanup_rows_remain(connection, lease.collection_id, slug, include_status=True):
                 raise DeletionCleanupIncomplete("Collection deletion is incomplete")
-            if registry_row_exists(connection, lease.collection_id, slug):
+            if has_collection_identity(connection, lease.collection_id, slug):
                 raise DeletionCleanupIncomplete("Collection registry identity still exists")
             result = connection.execute(
                 delete(_t).where(
@@ -965,6 +954,42 @@ def _fence_collection(
     return GuardOutcome.FENCED if result.rowcount == 1 else GuardOutcome.STALE
 
 
+def delete_collection_synchronously(
+    connection: Connection, collection_id: str, collection_slug: str
+) -> None:
+    """EmDash's delete while capture is not activated, inside the caller's transaction: the FTS
+    and content tables, the registry row and its fields, the collection's sources (by slug)
+    with their occurrences, and its status row."""
+    drop_content_table(connection, collection_slug)
+    connection.execute(delete(fields).where(fields.c.collection_id == collection_id))
+    connection.execute(delete(collections).where(collections.c.id == collection_id))
+    _delete_sources_by_slug(connection, collection_slug)
+    connection.execute(
+        delete(index_status).where(
+            is_content_collection_status(), index_status.c.scope_key == collection_slug
+        )
+    )
+
+
+def _delete_sources_by_slug(connection: Connection, collection_slug: str) -> None:
+    # Occurrences have no foreign key to their source: delete them first, explicitly.
+    by_slug = (sources.c.source_type == "content", sources.c.collection_slug == collection_slug)
+    keys = select(sources.c.source_key).where(*by_slug)
+    connection.execute(delete(occurrences).where(occurrences.c.source_key.in_(keys)))
+    connection.execute(delete(sources).where(*by_slug))
+
+
+def read_capture_state(
+    connection: Connection, collection_id: str, collection_slug: str
+) -> str | None:
+    """The capture state of exactly this collection identity's status row (None without one)."""
+    return connection.execute(
+        select(index_status.c.capture_state).where(
+            is_collection_status_row(collection_id, collection_slug)
+        )
+    ).scalar()
+
+
 def table_has_live_content(connection: Connection, table_name: str) -> bool:
     """Trashed rows (deleted_at set) are not content worth keeping."""
     content = table(table_name, column("deleted_at"))
@@ -1009,13 +1034,13 @@ __all__ = [
     "GuardAction",
     "GuardOutcome",
     "OperatorDeletionItem",
-    "RetryOutcome",
+    "delete_collection_synchronously",
     "deletion_lease_is_live",
     "drop_content_table",
     "execute_local_deletion_guard",
     "find_due_statement",
     "holds_deletion_lease",
     "is_slug_deleting",
-    "registry_row_exists",
+    "read_capture_state",
     "table_has_live_content",
 ]

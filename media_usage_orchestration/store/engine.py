@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 DEFAULT_SQLITE_PATH = Path(".media_usage") / "media_usage.db"
 DATABASE_URL_ENV = "MEDIA_USAGE_DATABASE_URL"
@@ -135,3 +135,36 @@ def is_missing_table(error: DBAPIError) -> bool:
     """The statement failed because a table does not exist (on either dialect)."""
     original = error.orig
     return getattr(original, "sqlstate", None) == "42P01" or "no such table" in str(original)
+
+
+def sqlite_database_file(url: str | URL) -> str | None:
+    """The file a SQLite URL names; None for any other database (or an in-memory one)."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
+
+
+# SQLAlchemy's types and errors that code outside store/ names, re-exported so that only
+# store/ (and the database resource) import SQLAlchemy.
+__all__ = [
+    "DATABASE_URL_ENV",
+    "DEFAULT_SQLITE_PATH",
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "URL",
+    "ArgumentError",
+    "Connection",
+    "DBAPIError",
+    "Engine",
+    "SQLAlchemyError",
+    "compact_json",
+    "create_database_engine",
+    "default_database_url",
+    "is_missing_table",
+    "is_postgres",
+    "make_url",
+    "normalize_url",
+    "read_transaction",
+    "redacted_url",
+    "sqlite_database_file",
+]

@@ -2,9 +2,9 @@
 
 EmDash's `MediaUsageReconciliationRepository`: one method per guarded statement, with the
 seed's guards composed from two named predicates, `live_claim_exists` (this lease still owns
-the coordinator row) and `status_owns_run` (the coverage status is running for this run at
-this epoch). Reconciliation leases are live while `lease_expires_at` is after *statement* time,
-as in the seed.
+the coordinator row) and `predicates.status_owns_run` (the coverage status is running for this
+run at this epoch). Reconciliation leases are live while `lease_expires_at` is after
+*statement* time, as in the seed.
 
 Beyond the seed (each says so in its docstring):
 - `renew_lease`: a Dagster step keeps its claim across several pages.
@@ -66,13 +66,7 @@ from ulid import ULID
 from .clock import lease_live_at_statement, now, timestamp_offset, validate_duration
 from .engine import read_transaction
 from .identifiers import content_table_name, require_text, validate_error_code
-from .predicates import (
-    activation_is_active,
-    is_content_collection_status,
-    no_deletion_tombstone,
-    registry_identity_is_current,
-)
-from .records import (
+from .leases import (
     LeaseState,
     bounded_limit,
     due_candidates_statement,
@@ -80,6 +74,14 @@ from .records import (
     is_reopenable_by_operator,
     non_negative_whole,
     positive_whole,
+)
+from .outcomes import OperatorRetryOutcome
+from .predicates import (
+    activation_is_active,
+    is_content_collection_status,
+    no_deletion_tombstone,
+    registry_identity_is_current,
+    status_owns_run,
 )
 from .schema import dialect_insert, index_status, narrow, reconciliations, sources, work
 
@@ -107,13 +109,6 @@ class WorkBarrierState(StrEnum):
     EMPTY = "empty"
     PENDING = "pending"
     FAILED = "failed"
-
-
-class OperatorRetryOutcome(StrEnum):
-    REOPENED = "reopened"
-    LEASE_ACTIVE = "lease_active"
-    NOT_FOUND = "not_found"
-    CONFLICT = "conflict"
 
 
 @dataclass(frozen=True)
@@ -177,7 +172,7 @@ class OperatorRetryResult:
 
     @property
     def changed(self) -> bool:
-        return self.outcome is OperatorRetryOutcome.REOPENED
+        return self.outcome is OperatorRetryOutcome.PENDING
 
 
 # --- rows and input ----------------------------------------------------------------------------
@@ -249,18 +244,6 @@ def _cursor(value: object, label: str) -> str | None:
 _CLAIMED_ROW = narrow(
     _r, "collection_id", "collection_slug", "run_token", "state", "lease_token", "lease_expires_at"
 )
-_OWNING_STATUS = narrow(
-    _s,
-    "adapter_id",
-    "scope_type",
-    "collection_id",
-    "scope_key",
-    "capture_state",
-    "reconciliation_required",
-    "status",
-    "cursor",
-    "change_epoch",
-)
 
 
 def live_claim_exists(claim: ReconciliationRecord) -> ColumnElement[bool]:
@@ -287,23 +270,9 @@ def live_claim_exists(claim: ReconciliationRecord) -> ColumnElement[bool]:
     )
 
 
-def status_owns_run(claim: ReconciliationRecord, target_epoch: int) -> ColumnElement[bool]:
-    """Coverage is running for this run token at exactly this epoch: any captured write,
-    schema change, operator retry or foreign owner moves the epoch or cursor and fences us."""
-    status = _OWNING_STATUS.alias("status")
-    return exists(
-        select(literal(1))
-        .select_from(status)
-        .where(
-            is_content_collection_status(status),
-            status.c.collection_id == claim.collection_id,
-            status.c.scope_key == claim.collection_slug,
-            status.c.capture_state == "active",
-            status.c.reconciliation_required == 1,
-            status.c.status == "running",
-            status.c.cursor == claim.run_token,
-            status.c.change_epoch == target_epoch,
-        )
+def _status_owns_claimed_run(claim, target_epoch) -> ColumnElement[bool]:
+    return status_owns_run(
+        claim.collection_id, claim.collection_slug, claim.run_token, target_epoch
     )
 
 
@@ -475,7 +444,7 @@ def _claim_parameters(claim: ReconciliationRecord, **extra: Any) -> dict[str, An
 
 @functools.lru_cache(maxsize=4)
 def _owns_run_statement():
-    return select(status_owns_run(_BOUND_CLAIM, _BOUND_EPOCH))
+    return select(_status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH))
 
 
 @functools.lru_cache(maxsize=16)
@@ -501,7 +470,7 @@ def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool):
             _claim_holds_lease(_BOUND_CLAIM),
             _r.c.target_epoch == _BOUND_EPOCH,
             _r.c.phase == phase.value,
-            status_owns_run(_BOUND_CLAIM, _BOUND_EPOCH),
+            _status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH),
             observed,
         )
         .values(
@@ -531,7 +500,7 @@ def _source_page_statement(has_cursor: bool, has_upper: bool, limit: int):
     bounds = [
         _canonical_sources(_BOUND_CLAIM.collection_id),
         live_claim_exists(_BOUND_CLAIM),
-        status_owns_run(_BOUND_CLAIM, _BOUND_EPOCH),
+        _status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH),
     ]
     if has_cursor:
         bounds.append(sources.c.source_key > _BOUND_CURSOR)
@@ -578,6 +547,13 @@ class ReconciliationRepository:
         with read_transaction(self.engine) as connection:
             row = connection.execute(select(_r).where(_r.c.collection_id == collection_id)).first()
         return _to_record(row) if row is not None else None
+
+    def find_all(self) -> list[ReconciliationRecord]:
+        """Beyond the seed: every collection's coordinator (at most one each), by slug, for
+        operators."""
+        statement = select(_r).order_by(_r.c.collection_slug, _r.c.collection_id)
+        with read_transaction(self.engine) as connection:
+            return [_to_record(row) for row in connection.execute(statement)]
 
     def find_coverage(self, collection_id: str) -> Coverage | None:
         """Beyond the seed: the content-media status row of a collection, to explain why a
@@ -770,7 +746,7 @@ class ReconciliationRepository:
         scan_upper_id = _cursor(scan_upper_id, "scan upper id")
         statement = (
             update(_r)
-            .where(_claim_holds_lease(claim), pinned_epoch, status_owns_run(claim, epoch))
+            .where(_claim_holds_lease(claim), pinned_epoch, _status_owns_claimed_run(claim, epoch))
             .values(
                 target_epoch=epoch,
                 field_fingerprint=field_fingerprint,
@@ -865,7 +841,7 @@ class ReconciliationRepository:
             .where(
                 _canonical_sources(claim.collection_id),
                 live_claim_exists(claim),
-                status_owns_run(claim, epoch),
+                _status_owns_claimed_run(claim, epoch),
             )
             .order_by(sources.c.source_key.desc())
             .limit(1)
@@ -891,7 +867,7 @@ class ReconciliationRepository:
                 _r.c.target_epoch == epoch,
                 _r.c.field_fingerprint == field_fingerprint,
                 _r.c.phase == ReconciliationPhase.SCAN.value,
-                status_owns_run(claim, epoch),
+                _status_owns_claimed_run(claim, epoch),
                 _no_work_rows(claim.collection_id),
             )
             .values(
@@ -1395,7 +1371,7 @@ class ReconciliationRepository:
                 .returning(*_r.c)
             ).first()
             if reopened is not None:
-                return OperatorRetryResult(OperatorRetryOutcome.REOPENED, _to_record(reopened))
+                return OperatorRetryResult(OperatorRetryOutcome.PENDING, _to_record(reopened))
             return self._retry_refusal(connection, collection_id)
 
     @staticmethod
@@ -1500,7 +1476,6 @@ def _unique_content_ids(content_ids: Iterable[str]) -> list[str]:
 __all__: Sequence[str] = (
     "ENTRY_FAILED_CODE",
     "Coverage",
-    "OperatorRetryOutcome",
     "OperatorRetryResult",
     "ReconciliationClaim",
     "ReconciliationPhase",
@@ -1514,5 +1489,4 @@ __all__: Sequence[str] = (
     "live_claim_exists",
     "needs_reconciliation_row",
     "seed_next_candidate_statement",
-    "status_owns_run",
 )

@@ -36,7 +36,7 @@ from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.selectable import TableClause
 
-from .clock import POSTGRES_FORMAT, SQLITE_FORMAT
+from .clock import POSTGRES_CLOCK_UTC, postgres_time_text, sqlite_time_text
 from .identifiers import content_table_name, quote_identifier, validate_identifier
 
 ACTIVATION_KEY = "incremental_capture"
@@ -55,12 +55,12 @@ class _sortable_now_default(FunctionElement):
 
 @compiles(_sortable_now_default, "postgresql")
 def _sortable_now_postgres(element, compiler, **kw):
-    return f"to_char((clock_timestamp() AT TIME ZONE 'UTC'), '{POSTGRES_FORMAT}')"
+    return postgres_time_text(f"({POSTGRES_CLOCK_UTC})")
 
 
 @compiles(_sortable_now_default, "sqlite")
 def _sortable_now_sqlite(element, compiler, **kw):
-    return f"strftime('{SQLITE_FORMAT}', 'now')"
+    return sqlite_time_text()
 
 
 class _current_timestamp_default(FunctionElement):

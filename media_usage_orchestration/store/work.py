@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -56,19 +55,22 @@ from .cursors import PageCursor, decode_cursor, encode_cursor
 from .engine import is_postgres, read_transaction
 from .identifiers import require_text, validate_error_code
 from .json_rows import JsonRows
-from .predicates import (
-    activation_is_active,
-    is_content_collection_status,
-    no_deletion_tombstone,
-    registry_identity_is_current,
-)
-from .records import (
+from .leases import (
     LeaseState,
     bounded_limit,
     non_negative_whole,
     parse_lease_state,
     positive_whole,
 )
+from .outcomes import OperatorRetryOutcome
+from .predicates import (
+    activation_is_active,
+    capture_is_active,
+    no_deletion_tombstone,
+    registry_identity_is_current,
+    status_row_owns_run,
+)
+from .registry import RegisteredCollection, collection_id_for_slug
 from .schema import collections, dialect_insert, index_status, reconciliations, work
 
 MAX_WORK_SELECTION_LIMIT = 100
@@ -167,13 +169,6 @@ class OperatorWorkItem:
 class OperatorPage:
     items: tuple[OperatorWorkItem, ...]
     next_cursor: str | None = None
-
-
-class OperatorRetryOutcome(StrEnum):
-    PENDING = "pending"
-    LEASE_ACTIVE = "lease_active"
-    COLLECTION_NOT_FOUND = "collection_not_found"
-    CONFLICT = "conflict"
 
 
 @dataclass(frozen=True)
@@ -358,26 +353,8 @@ def _holds_lease(lease: WorkLease) -> ColumnElement[bool]:
     )
 
 
-def _capture_is_active(status: FromClause) -> ColumnElement[bool]:
-    return and_(is_content_collection_status(status), status.c.capture_state == "active")
-
-
 def _status_joins_registry(status: FromClause, collection: FromClause) -> ColumnElement[bool]:
     return and_(status.c.collection_id == collection.c.id, status.c.scope_key == collection.c.slug)
-
-
-def _status_owns_run(
-    status: FromClause, run_token: ColumnElement | str, change_epoch: ColumnElement | int
-):
-    """The seed's `statusOwnsRun`: coverage is untrusted and this run is its running owner at
-    exactly this epoch, so a capture write or a newer run invalidates the page."""
-    return and_(
-        _capture_is_active(status),
-        status.c.reconciliation_required == 1,
-        status.c.status == "running",
-        status.c.cursor == run_token,
-        status.c.change_epoch == change_epoch,
-    )
 
 
 def _reconciliation_owns_page(
@@ -415,7 +392,7 @@ def _reconciliation_owns_page(
             registry_identity_is_current(
                 reconciliation.c.collection_id, reconciliation.c.collection_slug
             ),
-            _status_owns_run(status, run_token, change_epoch),
+            status_row_owns_run(status, run_token, change_epoch),
             activation_is_active(),
             no_deletion_tombstone(reconciliation.c.collection_id),
         )
@@ -461,7 +438,7 @@ def _status_reached_epoch(collection_id: str, collection_slug: str, change_epoch
         .where(
             collection.c.id == collection_id,
             collection.c.slug == collection_slug,
-            _capture_is_active(status),
+            capture_is_active(status),
             status.c.change_epoch == change_epoch,
         )
     )
@@ -809,13 +786,10 @@ class WorkRepository:
         limit = _operator_limit(limit)
         position = decode_cursor(cursor) if cursor else None
         with read_transaction(self.engine) as connection:
-            collection = connection.execute(
-                select(collections.c.id, collections.c.slug).where(
-                    collections.c.slug == collection_slug
-                )
-            ).first()
-            if collection is None:
+            collection_id = collection_id_for_slug(connection, collection_slug)
+            if collection_id is None:
                 return None
+            collection = RegisteredCollection(collection_id, collection_slug)
             states = (wanted,) if wanted else tuple(LeaseState)
             candidates = [
                 OperatorWorkItem.from_record(record)
@@ -883,7 +857,7 @@ class WorkRepository:
         return connection.execute(
             select(collection.c.id, collection.c.slug)
             .select_from(collection.join(status, _status_joins_registry(status, collection)))
-            .where(collection.c.id == collection_id, _capture_is_active(status))
+            .where(collection.c.id == collection_id, capture_is_active(status))
         ).first()
 
     @staticmethod
@@ -918,7 +892,7 @@ class WorkRepository:
                 updated_at=now(),
             )
             .where(
-                _capture_is_active(status),
+                capture_is_active(status),
                 status.c.scope_key == collection_slug,
                 status.c.collection_id == collection_id,
                 registry_identity_is_current(status.c.collection_id, status.c.scope_key),
@@ -981,7 +955,7 @@ class WorkRepository:
             )
             .select_from(status.join(collection, _status_joins_registry(status, collection)))
             .where(
-                _capture_is_active(status),
+                capture_is_active(status),
                 status.c.scope_key == collection_slug,
                 status.c.collection_id == collection_id,
                 # Only at the epoch this retry produced: a newer writer's work wins.
@@ -1184,7 +1158,6 @@ __all__ = [
     "RECONCILIATION_PAGE_LIMIT",
     "RECONCILIATION_PHASES",
     "OperatorPage",
-    "OperatorRetryOutcome",
     "OperatorRetryResult",
     "OperatorWorkItem",
     "WorkLease",

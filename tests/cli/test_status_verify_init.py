@@ -6,10 +6,10 @@ import pytest
 from sqlalchemy import delete
 from sqlalchemy.engine import make_url
 
-from media_usage_orchestration.cli import status_table
 from media_usage_orchestration.cms import CmsWriter
-from media_usage_orchestration.processing import reconciliation
+from media_usage_orchestration.console import status_table
 from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.reconciliation import driver
 from media_usage_orchestration.store import schema
 from tests.cli.cli_support import (
     EXIT_OK,
@@ -32,7 +32,7 @@ def covered(db):
     posts = cms.create_collection("posts", IMAGE_ONLY)
     activate(db.engine)
     cms.insert_entries("posts", [{"id": f"entry-{i}", "hero": f"m-{i}"} for i in range(ENTRIES)])
-    assert reconciliation.run_to_completion(db.engine, posts.id).value == "completed"
+    assert driver.run_to_completion(db.engine, posts.id).value == "completed"
     return posts
 
 

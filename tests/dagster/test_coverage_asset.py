@@ -1,12 +1,15 @@
 """Coverage in the UI: runs record events of the asset `media_usage_index`, one partition per
 collection slug, whose numbers equal what the database holds at that moment."""
 
+from dataclasses import replace
+
 import dagster as dg
 
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.ops.coverage import MEDIA_USAGE_INDEX
-from media_usage_orchestration.processing import reconciliation as processing
+from media_usage_orchestration.processing.reconciliation import steps
+from media_usage_orchestration.processing.retry_policy import RECONCILIATION_RETRY
 from media_usage_orchestration.sample_content import sample_entry
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.coverage import read_collection_coverage
@@ -106,8 +109,11 @@ def test_failed_coverage_is_observed_with_its_error_code(db, monkeypatch):
     def failing_source_page(engine, claim):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(processing, "source_page", failing_source_page)
-    monkeypatch.setattr(processing, "is_terminal", lambda attempt_count: True)
+    monkeypatch.setattr(steps, "source_page", failing_source_page)
+    # Every failure is the last attempt.
+    monkeypatch.setattr(
+        steps, "RECONCILIATION_RETRY", replace(RECONCILIATION_RETRY, max_attempts=1)
+    )
     with dg.instance_for_test() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles"])
@@ -131,7 +137,7 @@ def test_a_failure_that_will_be_retried_records_no_coverage_event(db, monkeypatc
     def failing_source_page(engine, claim):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(processing, "source_page", failing_source_page)
+    monkeypatch.setattr(steps, "source_page", failing_source_page)
     with dg.instance_for_test() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles"])

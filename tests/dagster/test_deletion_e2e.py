@@ -16,10 +16,8 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.local_runner import RUN_KEY_TAG
 from media_usage_orchestration.processing import deletion as processing
-from media_usage_orchestration.processing.reconciliation import (
-    ReconciliationOutcome,
-    run_to_completion,
-)
+from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
+from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries

@@ -18,8 +18,8 @@ from sqlalchemy import Engine, create_engine, func, select, text
 
 from media_usage_orchestration.cms import CmsWriter, FieldSpec, SubField
 from media_usage_orchestration.jobs import media_usage_activation
-from media_usage_orchestration.media.fields import load_fields
 from media_usage_orchestration.media.fingerprints import field_fingerprint
+from media_usage_orchestration.processing.content_reads import load_fields
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.sensors import (
     media_usage_reconciliation_sensor,

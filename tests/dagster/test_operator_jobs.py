@@ -9,8 +9,8 @@ from sqlalchemy import update
 from media_usage_orchestration import jobs
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.ops.leased import OUTCOME_TAG
-from media_usage_orchestration.processing import reconciliation
 from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.reconciliation import driver, steps
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
 from tests.cli.cli_support import trusted_collection
@@ -289,7 +289,7 @@ def test_reconciliation_job_reopens_a_failed_run_as_a_fresh_scan(db, instance):
     cms = CmsWriter(db.engine)
     posts = cms.create_collection("posts", IMAGE_ONLY)
     activate(db.engine)
-    attempt = reconciliation.claim_collection(db.engine, posts.id)
+    attempt = steps.claim_collection(db.engine, posts.id)
     assert attempt.claim is not None
     fail_reconciliation(db.engine, posts)
 
@@ -298,7 +298,7 @@ def test_reconciliation_job_reopens_a_failed_run_as_a_fresh_scan(db, instance):
     assert metadata == {"outcome": "pending", "changed": True, "collection": "posts"}
     row = reconciliation_row(db.engine, posts)
     assert (row["state"], row["attempt_count"], row["target_epoch"]) == ("pending", 0, None)
-    assert reconciliation.run_to_completion(db.engine, posts.id).value == "completed"
+    assert driver.run_to_completion(db.engine, posts.id).value == "completed"
     assert status_row(db.engine, "posts")["status"] == "complete"
 
 

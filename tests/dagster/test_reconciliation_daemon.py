@@ -18,8 +18,8 @@ from dagster._daemon.sensor import execute_sensor_iteration
 
 from media_usage_orchestration.cms import CmsWriter, FieldSpec
 from media_usage_orchestration.local_runner import RUN_KEY_TAG
-from media_usage_orchestration.processing import reconciliation as processing
 from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.reconciliation import maintenance, steps
 from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.engine import DATABASE_URL_ENV, create_database_engine
@@ -135,7 +135,7 @@ def test_a_daemon_tick_launches_one_run_per_due_collection_and_never_a_duplicate
     # same key and the daemon launches no duplicate.
     articles = collections["articles"]
     CmsWriter(engine).add_field("articles", FieldSpec("cover", "image"))
-    assert processing.settle_reconciliations(engine).counts["seeded"] == 1
+    assert maintenance.settle_reconciliations(engine).counts["seeded"] == 1
     set_status(engine, "articles", status="complete", reconciliation_required=0, cursor=None)
 
     asked = daemon.tick()
@@ -150,7 +150,7 @@ def test_a_daemon_tick_launches_one_run_per_due_collection_and_never_a_duplicate
     assert repeated.run_ids == []
     assert len(daemon.runs()) == 4
     # The maintenance lane deletes the obsolete coordinator; nothing is due any more.
-    assert processing.settle_reconciliations(engine).counts["obsolete_deleted"] == 1
+    assert maintenance.settle_reconciliations(engine).counts["obsolete_deleted"] == 1
     assert daemon.tick().run_keys == []
 
 
@@ -160,7 +160,7 @@ def test_a_run_that_failed_before_its_claim_is_asked_for_again(daemon, monkeypat
     must still change, or the daemon would never launch that collection's run again."""
     daemon, engine, collections = daemon
     daemon.tick()
-    assert processing.settle_reconciliations(engine).counts["seeded"] == 3
+    assert maintenance.settle_reconciliations(engine).counts["seeded"] == 3
     coordinators = {
         slug: one(engine, schema.reconciliations, collection_id=collection.id)
         for slug, collection in collections.items()
@@ -170,7 +170,7 @@ def test_a_run_that_failed_before_its_claim_is_asked_for_again(daemon, monkeypat
         raise RuntimeError("injected: the run died before its claim")
 
     with monkeypatch.context() as patch:
-        patch.setattr(processing, "claim_collection", unreachable)
+        patch.setattr(steps, "claim_collection", unreachable)
         failed = daemon.tick()
     assert len(failed.run_ids) == 3
     assert {run.status for run in daemon.runs()} == {dg.DagsterRunStatus.FAILURE}

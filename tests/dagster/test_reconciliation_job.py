@@ -23,7 +23,7 @@ from dagster._daemon.backfill import execute_backfill_iteration
 from dagster._time import get_current_timestamp
 
 from media_usage_orchestration.local_runner import execute_request
-from media_usage_orchestration.processing import reconciliation as processing
+from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.schedules import media_usage_maintenance_schedule
 from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store import schema
@@ -172,8 +172,8 @@ def test_re_execution_from_failure_resumes_the_run_at_its_checkpoint(db, monkeyp
             raise RuntimeError("injected")
         return source_page(engine, claim)
 
-    source_page = processing.source_page
-    monkeypatch.setattr(processing, "source_page", source_page_failing_once)
+    source_page = steps.source_page
+    monkeypatch.setattr(steps, "source_page", source_page_failing_once)
     job = dg.reconstructable(reconstructable_jobs.media_usage_reconciliation)
     with dg.instance_for_test() as instance:
         activate_with_job(db, instance)

@@ -23,12 +23,10 @@ from media_usage_orchestration.ops.reconciliation import (
     scan_pages,
     scan_sources,
 )
-from media_usage_orchestration.processing import reconciliation as processing
-from media_usage_orchestration.processing.reconciliation import (
-    ReconciliationOutcome,
-    claim_collection,
-    run_to_completion,
-)
+from media_usage_orchestration.processing.reconciliation import steps, walks
+from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
+from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
+from media_usage_orchestration.processing.reconciliation.steps import claim_collection
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
 from tests.dagster.ops_support import OpResult, invoke
@@ -65,11 +63,11 @@ ADVANCES = {
 }
 # The step function each op drives, to make it raise.
 STEP_OF = {
-    prepare_run.name: (processing, "prepare_run"),
-    scan_pages.name: (processing, "scan_page"),
-    drain_collection_work.name: (reconciliation_ops, "process_due_batch"),
-    scan_sources.name: (processing, "source_page"),
-    finalize_coverage.name: (processing, "finalize"),
+    prepare_run.name: (steps, "prepare_run"),
+    scan_pages.name: (steps, "scan_page"),
+    drain_collection_work.name: (walks, "process_due_batch"),
+    scan_sources.name: (steps, "source_page"),
+    finalize_coverage.name: (steps, "finalize"),
 }
 ENTRIES = entry_ids(120)
 # The run's checkpoint, which a recorded failure keeps.
@@ -196,7 +194,7 @@ def test_claim_yields_no_lease_while_another_run_holds_it(db, instance, articles
 
 def test_claim_of_a_waiting_coordinator_is_not_due(db, instance, articles):
     claim = invoke(claim_reconciliation, db, instance=instance, partition_key="articles").lease
-    assert processing.release(db.engine, claim, 30)
+    assert steps.release(db.engine, claim, 30)
 
     assert_stopped(
         invoke(claim_reconciliation, db, instance=instance, partition_key="articles"), "not_due"
@@ -230,7 +228,7 @@ def test_complete_coverage_is_claimed_only_when_forced(db, instance, articles):
 def test_claim_fails_fast_on_a_bug_and_leaves_transient_errors_to_the_retry_policy(
     db, instance, articles, monkeypatch
 ):
-    monkeypatch.setattr(processing, "claim_collection", broken)
+    monkeypatch.setattr(steps, "claim_collection", broken)
     with pytest.raises(dg.Failure, match="RuntimeError: injected") as failure:
         invoke(claim_reconciliation, db, instance=instance, partition_key="articles")
     assert failure.value.allow_retries is False
@@ -238,7 +236,7 @@ def test_claim_fails_fast_on_a_bug_and_leaves_transient_errors_to_the_retry_poli
     def locked(*_args, **_kwargs):
         raise sa_exc.OperationalError("UPDATE", {}, Exception("database is locked"))
 
-    monkeypatch.setattr(processing, "claim_collection", locked)
+    monkeypatch.setattr(steps, "claim_collection", locked)
     with pytest.raises(sa_exc.OperationalError):
         invoke(claim_reconciliation, db, instance=instance, partition_key="articles")
     assert count(db.engine, schema.reconciliations) == 0
@@ -494,7 +492,7 @@ def test_an_unexpected_exception_is_recorded_like_emdash_and_fails_without_retri
 
 
 def test_the_fifth_failure_is_terminal_and_published(db, instance, articles, monkeypatch):
-    monkeypatch.setattr(processing, "scan_page", broken)
+    monkeypatch.setattr(steps, "scan_page", broken)
     for attempt in range(1, 6):
         with pytest.raises(dg.Failure) as failure:
             invoke(scan_pages, db, lease_for(db, instance, scan_pages), instance=instance)
@@ -523,7 +521,7 @@ def test_progress_within_a_run_resets_the_attempt_count_before_a_later_failure(
     checkpoints reset the row's attempt count, so this failure is a first retry, as EmDash's
     tick (which claims afresh for every step) records it, not the terminal fifth."""
     with monkeypatch.context() as patch:
-        patch.setattr(processing, "scan_page", broken)
+        patch.setattr(steps, "scan_page", broken)
         for _ in range(4):
             with pytest.raises(dg.Failure):
                 invoke(scan_pages, db, lease_for(db, instance, scan_pages), instance=instance)
@@ -531,7 +529,7 @@ def test_progress_within_a_run_resets_the_attempt_count_before_a_later_failure(
     assert coordinator(db.engine, articles)["attempt_count"] == 4
     lease = lease_for(db, instance, drain_collection_work)
     assert coordinator(db.engine, articles)["attempt_count"] == 0
-    monkeypatch.setattr(reconciliation_ops, "process_due_batch", broken)
+    monkeypatch.setattr(walks, "process_due_batch", broken)
 
     with pytest.raises(dg.Failure) as failure:
         invoke(drain_collection_work, db, lease, instance=instance)
@@ -546,11 +544,11 @@ def test_the_graph_shaped_driver_judges_a_failure_after_progress_the_same_way(
     db, articles, monkeypatch
 ):
     with monkeypatch.context() as patch:
-        patch.setattr(processing, "scan_page", broken)
+        patch.setattr(steps, "scan_page", broken)
         for _ in range(4):
             assert run_to_completion(db.engine, articles.id) is ReconciliationOutcome.RETRY
             make_due(db.engine, articles)
-    monkeypatch.setattr(processing, "process_due_batch", broken)
+    monkeypatch.setattr(walks, "process_due_batch", broken)
 
     assert run_to_completion(db.engine, articles.id) is ReconciliationOutcome.RETRY
 
@@ -566,7 +564,7 @@ def test_a_re_execution_resumes_a_retrying_run_at_its_checkpoint(db, instance, a
     before it do not run again): a retrying row is claimed now, checkpoints and attempt
     count kept."""
     lease = lease_for(db, instance, scan_sources)
-    assert processing.record_step_failure(db.engine, lease) is ReconciliationOutcome.RETRY
+    assert steps.record_step_failure(db.engine, lease) is ReconciliationOutcome.RETRY
     before = coordinator(db.engine, articles)
     assert before["next_attempt_at"] > db_now(db.engine, 20)
 
@@ -578,17 +576,17 @@ def test_a_re_execution_resumes_a_retrying_run_at_its_checkpoint(db, instance, a
     assert checkpoint(row) == checkpoint(before)
     assert row["scan_cursor"] == "entry-119"
     # Without an operator (a lapsed lease regained mid-run), the recorded backoff stands.
-    assert processing.release(db.engine, regained, 0)
+    assert steps.release(db.engine, regained, 0)
     claim = claim_collection(db.engine, articles.id).claim
-    assert processing.record_step_failure(db.engine, claim) is ReconciliationOutcome.RETRY
+    assert steps.record_step_failure(db.engine, claim) is ReconciliationOutcome.RETRY
     assert reconciliation_ops.WORKFLOW.reclaim(db.engine, claim, reopen=False) is None
     assert coordinator(db.engine, articles)["state"] == "retry"
 
 
 def test_a_re_execution_reopens_a_failed_run_as_a_fresh_scan(db, instance, articles):
     lease = lease_for(db, instance, scan_sources)
-    terminal = processing.reload(db.engine, lease)
-    assert processing.record_step_failure(db.engine, replace(terminal, attempt_count=4)) is (
+    terminal = steps.reload(db.engine, lease)
+    assert steps.record_step_failure(db.engine, replace(terminal, attempt_count=4)) is (
         ReconciliationOutcome.FAILED
     )
 
@@ -620,7 +618,7 @@ def test_settle_and_seed_settles_every_coordinator_and_seeds_every_candidate(db,
     for name in ("obsolete", "published", "reset"):
         assert repository.seed_collection(collections[name].id)
     set_status(db.engine, "obsolete", status="complete", reconciliation_required=0)
-    published = processing.prepare_run(
+    published = steps.prepare_run(
         db.engine, claim_collection(db.engine, collections["published"].id).claim
     )
     mark_failed(db.engine, collections["published"], published.claim.target_epoch)

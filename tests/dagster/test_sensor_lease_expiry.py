@@ -7,8 +7,8 @@ import dagster as dg
 
 from media_usage_orchestration import sensors
 from media_usage_orchestration.cms import CmsWriter
-from media_usage_orchestration.processing import reconciliation
 from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.sensors import COLLECTION_ID_TAG
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository
@@ -56,7 +56,7 @@ def test_reconciliation_sensor_replaces_a_run_whose_lease_lapsed(db, instance):
     held = evaluate(sensors.media_usage_reconciliation_sensor, instance, resources)
     assert held.run_requests == []
 
-    attempt = reconciliation.claim_collection(db.engine, posts.id)
+    attempt = steps.claim_collection(db.engine, posts.id)
     assert attempt.claim is not None
     assert (
         evaluate(sensors.media_usage_reconciliation_sensor, instance, resources).run_requests == []

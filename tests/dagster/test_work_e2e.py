@@ -23,7 +23,7 @@ from media_usage_orchestration.sample_content import (
 )
 from media_usage_orchestration.sensors import media_usage_work_sensor
 from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.sources import SourceRepository
+from media_usage_orchestration.store.source_writes import SourceRepository
 from tests.dagster.sensor_loop import (
     RUN_KEY_TAG,
     drain,

@@ -16,16 +16,17 @@ from sqlalchemy.engine import make_url
 
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.ops import common
-from media_usage_orchestration.ops import work as work_ops
 from media_usage_orchestration.ops.activation import activate_capture
 from media_usage_orchestration.ops.common import (
     TRANSIENT_RETRY_POLICY,
     is_transient_database_error,
     retry_transient_errors_only,
 )
-from media_usage_orchestration.ops.work import process_due_work
+from media_usage_orchestration.ops.work import project_due_work
+from media_usage_orchestration.processing import run_loop
+from media_usage_orchestration.processing.retry_policy import WORK_RETRY
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import MAX_ATTEMPTS, process_due_batch
+from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.store import engine as engine_module
@@ -59,7 +60,7 @@ def _resources(url: str) -> dict:
 
 def _run_work_op(db, **config) -> dict:
     """Invoke the op directly; returns its output metadata as plain values."""
-    return invoke(process_due_work, db, op_config=config).metadata
+    return invoke(project_due_work, db, op_config=config).metadata
 
 
 def _counts(metadata: dict) -> dict:
@@ -129,7 +130,7 @@ def test_metadata_counts_every_outcome_and_the_rows_agree(db):
         connection.execute(
             update(schema.work)
             .where(schema.work.c.content_id == "entry-failed")
-            .values(attempt_count=MAX_ATTEMPTS - 1)
+            .values(attempt_count=WORK_RETRY.max_attempts - 1)
         )
     # Publishing entry-sup re-enqueues it while this run holds its lease: superseded, and the
     # redelivered version is completed by the same invocation (its projection is unchanged).
@@ -159,7 +160,7 @@ def test_metadata_counts_every_outcome_and_the_rows_agree(db):
         "MEDIA_USAGE_SNAPSHOT_FAILED",
     )
     failed = work_for(db.engine, "entry-failed")
-    assert (failed["state"], failed["attempt_count"]) == ("failed", MAX_ATTEMPTS)
+    assert (failed["state"], failed["attempt_count"]) == ("failed", WORK_RETRY.max_attempts)
     assert work_count(db.engine) == 2
     assert find_source(db.engine, canonical_key(posts, "entry-ok")) is not None
     assert find_source(db.engine, canonical_key(posts, "entry-sup")) is not None
@@ -240,7 +241,7 @@ def test_a_locked_database_propagates_unchanged_for_the_retry_policy(db, monkeyp
     message = str(raised.value.orig).lower()
     assert ("lock timeout" in message) if db.is_postgres else ("database is locked" in message)
     assert work_for(db.engine, "entry-0")["state"] == "pending"
-    assert process_due_work.retry_policy == TRANSIENT_RETRY_POLICY
+    assert project_due_work.retry_policy == TRANSIENT_RETRY_POLICY
     assert TRANSIENT_RETRY_POLICY.max_retries == 3
 
 
@@ -266,13 +267,13 @@ def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, mo
             raise _transient_error()
         return real_batch(engine, batch_size, *args, **kwargs)
 
-    monkeypatch.setattr(work_ops, "process_due_batch", flaky)
+    monkeypatch.setattr(run_loop, "process_due_batch", flaky)
 
     # The project's policy waits seconds between attempts; the same op under an immediate
     # policy shows the behaviour without the wait.
     @dg.job(executor_def=dg.in_process_executor)
     def retried_work():
-        process_due_work.with_retry_policy(dg.RetryPolicy(max_retries=2))()
+        project_due_work.with_retry_policy(dg.RetryPolicy(max_retries=2))()
 
     with dg.instance_for_test() as instance:
         result = retried_work.execute_in_process(
@@ -288,7 +289,7 @@ def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, mo
             calls.append("broken")
             raise ValueError("a bug, not a busy database")
 
-        monkeypatch.setattr(work_ops, "process_due_batch", broken)
+        monkeypatch.setattr(run_loop, "process_due_batch", broken)
         result = retried_work.execute_in_process(
             instance=instance, resources=_resources(db.url), raise_on_error=False
         )

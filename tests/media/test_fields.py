@@ -12,8 +12,8 @@ from media_usage_orchestration.media.fields import (
     SubFieldSpec,
     discover_fields,
     identifier_collation_key,
-    load_fields,
 )
+from media_usage_orchestration.processing.content_reads import load_fields
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.identifiers import InvalidIdentifierError
 

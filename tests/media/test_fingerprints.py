@@ -13,10 +13,10 @@ from media_usage_orchestration.media.fields import ExtractionField, FieldDiscove
 from media_usage_orchestration.media.fingerprints import (
     extraction_schema,
     field_fingerprint,
-    is_projection_fingerprint,
     projection_fingerprint,
 )
 from media_usage_orchestration.media.sources import ContentSource
+from media_usage_orchestration.store.source_rows import is_projection_fingerprint
 
 # fixtures/README.md: the field fingerprint EmDash stored for both fixture collections.
 FIXTURE_FIELD_FINGERPRINT = (

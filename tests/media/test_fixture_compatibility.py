@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import create_engine, select, text
 
 from media_usage_orchestration.media.extraction import occurrences_from_rows
-from media_usage_orchestration.media.fields import load_fields
 from media_usage_orchestration.media.fingerprints import field_fingerprint
-from media_usage_orchestration.media.sources import (
-    ContentSource,
+from media_usage_orchestration.media.snapshots import (
     build_columns_source,
     build_draft_overlay_source,
 )
+from media_usage_orchestration.media.sources import ContentSource
+from media_usage_orchestration.processing.content_reads import load_fields
 from media_usage_orchestration.store import schema
 from tests.fixtures import FIXTURE_DB, FIXTURES
 

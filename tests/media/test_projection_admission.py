@@ -17,15 +17,16 @@ from media_usage_orchestration.media.projection import (
     AdmissionBudget,
     AdmissionOutcome,
     canonical_source_keys,
-    plan_projection_admission,
     stored_source_byte_length,
 )
-from media_usage_orchestration.media.snapshots import load_content_snapshots
 from media_usage_orchestration.media.sources import ContentSource, source_key
+from media_usage_orchestration.processing.content_reads import load_content_snapshots
+from media_usage_orchestration.processing.projection import plan_projection_admission
 from media_usage_orchestration.processing.work import WorkOutcome, process_work_after_write
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.engine import read_transaction
-from media_usage_orchestration.store.sources import SourceRepository, SourceRow
+from media_usage_orchestration.store.source_rows import SourceRow
+from media_usage_orchestration.store.source_writes import SourceRepository
 from tests.processing.projection_helpers import (
     ADMISSION_FIELDS,
     active_collection,

@@ -11,15 +11,17 @@ import pytest
 from media_usage_orchestration.media.extraction import MediaOccurrence
 from media_usage_orchestration.media.fields import ExtractionField, FieldDiscovery, SubFieldSpec
 from media_usage_orchestration.media.fingerprints import projection_fingerprint
-from media_usage_orchestration.media.sources import (
-    SOURCE_VARIANTS,
-    ContentSource,
+from media_usage_orchestration.media.snapshots import (
     DraftRevisionError,
     build_columns_source,
     build_draft_overlay_source,
     columns_data,
     content_title,
     deserialize_column_value,
+)
+from media_usage_orchestration.media.sources import (
+    SOURCE_VARIANTS,
+    ContentSource,
     is_source_variant,
     legacy_source_key,
     source_key,

@@ -11,7 +11,8 @@ import time
 import pytest
 from sqlalchemy import Engine, inspect, select, text, update
 
-from media_usage_orchestration.cms import CmsError, CmsWriter, FieldSpec
+from media_usage_orchestration.cms import CmsWriter, FieldSpec
+from media_usage_orchestration.errors import CmsError
 from media_usage_orchestration.processing.activation import (
     ActivationError,
     ActivationOutcome,

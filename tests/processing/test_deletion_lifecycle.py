@@ -9,12 +9,15 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event, inspect
 
-from media_usage_orchestration.cms import CmsError, CmsWriter
-from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.processing.deletion import (
+from media_usage_orchestration.cms import CmsWriter
+from media_usage_orchestration.errors import (
+    CmsError,
     CollectionHasContentError,
     CollectionNotFoundError,
     DeletionConflictError,
+)
+from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.deletion import (
     DeletionNotReady,
     DeletionTickOutcome,
     FrontPhaseOutcome,

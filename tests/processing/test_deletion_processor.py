@@ -29,11 +29,11 @@ from media_usage_orchestration.processing.deletion import (
     registry_step,
     release_deletion_lease,
     renew_deletion_lease,
-    retry_delay_seconds,
     run_front_phase,
     run_phase_step,
     table_step,
 )
+from media_usage_orchestration.processing.retry_policy import DELETION_RETRY
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.deletions import (
     DeletionCleanupIncomplete,
@@ -304,7 +304,7 @@ def test_five_consecutive_phase_failures_become_visible(db):
         if attempt < 5:
             assert state["state"] == "retry"
             delay = seconds_between(state["updated_at"], state["next_attempt_at"])
-            assert delay == pytest.approx(retry_delay_seconds(attempt - 1), abs=1)
+            assert delay == pytest.approx(DELETION_RETRY.delay_seconds(attempt - 1), abs=1)
             assert run_tick(db) == DeletionTickResult(0, 0, DeletionTickOutcome.IDLE)
             set_tombstone(db.engine, "failed-id", next_attempt_at=PAST)
 
@@ -319,10 +319,10 @@ def test_five_consecutive_phase_failures_become_visible(db):
 
 
 def test_retry_delay_doubles_from_thirty_seconds_up_to_fifteen_minutes():
-    assert [retry_delay_seconds(n) for n in range(7)] == [30, 60, 120, 240, 480, 900, 900]
-    assert retry_delay_seconds(10_000) == 900
+    assert [DELETION_RETRY.delay_seconds(n) for n in range(7)] == [30, 60, 120, 240, 480, 900, 900]
+    assert DELETION_RETRY.delay_seconds(10_000) == 900
     with pytest.raises(ValueError):
-        retry_delay_seconds(-1)
+        DELETION_RETRY.delay_seconds(-1)
 
 
 def test_progress_resets_the_failure_count(db):

@@ -10,13 +10,13 @@ import pytest
 from sqlalchemy import update
 
 from media_usage_orchestration.cms import CmsWriter, FieldSpec
-from media_usage_orchestration.media.projection import refresh_content_for_work
-from media_usage_orchestration.processing.reconciliation import (
+from media_usage_orchestration.processing.projection import refresh_content_for_work
+from media_usage_orchestration.processing.reconciliation.model import (
     ENTRY_FAILED,
     RECONCILIATION_FAILED,
     ReconciliationOutcome,
-    record_step_failure,
 )
+from media_usage_orchestration.processing.reconciliation.steps import record_step_failure
 from media_usage_orchestration.processing.work import process_due_work
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store import status as status_store

@@ -12,11 +12,11 @@ import re
 
 from sqlalchemy import update
 
-from media_usage_orchestration.processing.reconciliation import (
+from media_usage_orchestration.processing.reconciliation.model import (
     ReconciliationOutcome,
     ScanOutcome,
-    scan_page,
 )
+from media_usage_orchestration.processing.reconciliation.steps import scan_page
 from media_usage_orchestration.store import schema
 from tests.factories import PAST, insert_work, of
 from tests.processing.reconciliation_helpers import (

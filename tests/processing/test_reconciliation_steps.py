@@ -11,26 +11,28 @@ import pytest
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.processing import work as work_processing
 from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.processing.reconciliation import (
+from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
+from media_usage_orchestration.processing.reconciliation.maintenance import settle_reconciliations
+from media_usage_orchestration.processing.reconciliation.model import (
     INVALID_SOURCE,
     ReconciliationOutcome,
     ScanOutcome,
+)
+from media_usage_orchestration.processing.reconciliation.steps import (
     claim_collection,
     enter_sources,
     finalize,
     prepare_run,
-    process_due_reconciliation,
     record_step_failure,
     release,
     renew,
     restart,
-    retry_delay_seconds,
-    run_to_completion,
     scan_page,
-    settle_reconciliations,
     source_page,
     work_barrier,
 )
+from media_usage_orchestration.processing.reconciliation.tick import process_due_reconciliation
+from media_usage_orchestration.processing.retry_policy import RECONCILIATION_RETRY, WORK_RETRY
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.store import schema
@@ -668,18 +670,14 @@ def test_the_tick_reports_the_collection_it_touched(db):
     [(0, 30, 37), (1, 60, 74), (2, 120, 149), (3, 240, 299), (4, 480, 599), (6, 900, 900)],
 )
 def test_retry_delay_is_the_work_processors_backoff(attempt_count, lowest, highest):
-    assert retry_delay_seconds(attempt_count, rng=lambda: 0.0) == lowest
-    assert retry_delay_seconds(attempt_count, rng=lambda: 0.999999) == highest
-    assert retry_delay_seconds(attempt_count, rng=lambda: 0.5) == (
-        work_processing.retry_delay_seconds(attempt_count, rng=_Half())
+    assert RECONCILIATION_RETRY.delay_seconds(attempt_count, rng=lambda: 0.0) == lowest
+    assert RECONCILIATION_RETRY.delay_seconds(attempt_count, rng=lambda: 0.999999) == highest
+    assert RECONCILIATION_RETRY.delay_seconds(attempt_count, rng=lambda: 0.5) == (
+        WORK_RETRY.delay_seconds(attempt_count, rng=lambda: 0.5)
     )
-
-
-class _Half:
-    def random(self) -> float:
-        return 0.5
+    assert RECONCILIATION_RETRY == WORK_RETRY
 
 
 def test_retry_delay_refuses_a_negative_attempt_count():
     with pytest.raises(ValueError, match="attempt count"):
-        retry_delay_seconds(-1)
+        RECONCILIATION_RETRY.delay_seconds(-1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.work import WorkLease, WorkRepository
-from tests.conftest import TestDatabase, installed_database, postgres_schema
+from tests.conftest import TestDatabase
 from tests.factories import insert_revision
 from tests.processing.projection_helpers import (
     active_collection,
@@ -45,17 +44,6 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("sections", "repeater", sub_fields=(SubField("image", "image"),)),
 )
 BULK_STATEMENT_BUDGET = 25
-
-
-@pytest.fixture
-def twin(db) -> Iterator[TestDatabase]:
-    """A second, empty database of the same dialect, for running the same scenario twice."""
-    if not db.is_postgres:
-        with installed_database(db.dialect, db.url.replace("media_usage.db", "twin.db")) as twin:
-            yield twin
-        return
-    with postgres_schema() as url, installed_database(db.dialect, url) as twin:
-        yield twin
 
 
 # --- a mixed batch ------------------------------------------------------------------------------

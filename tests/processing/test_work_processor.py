@@ -9,15 +9,14 @@ import pytest
 from sqlalchemy import delete, text, update
 
 from media_usage_orchestration.cms import CmsWriter
+from media_usage_orchestration.processing.retry_policy import WORK_RETRY
 from media_usage_orchestration.processing.work import (
     JOBS_PER_TICK,
-    MAX_ATTEMPTS,
     ORDINARY_STATEMENTS_PER_JOB,
     WorkOutcome,
     is_terminal,
     process_due_work,
     process_work_after_write,
-    retry_delay_seconds,
     work_error_code,
 )
 from media_usage_orchestration.store import schema
@@ -189,7 +188,7 @@ def test_snapshot_failures_retry_then_fail_terminally_and_publish_partial(db):
         connection.execute(
             update(schema.work).values(
                 state="pending",
-                attempt_count=MAX_ATTEMPTS - 1,
+                attempt_count=WORK_RETRY.max_attempts - 1,
                 next_attempt_at="2000-01-01T00:00:00.000Z",
             )
         )
@@ -197,7 +196,7 @@ def test_snapshot_failures_retry_then_fail_terminally_and_publish_partial(db):
     work = work_for(db.engine, "entry-1")
     assert (work["state"], work["attempt_count"], work["last_error_code"]) == (
         "failed",
-        MAX_ATTEMPTS,
+        WORK_RETRY.max_attempts,
         "MEDIA_USAGE_SNAPSHOT_FAILED",
     )
     status = coverage(db.engine, news)
@@ -284,9 +283,13 @@ def test_retry_delay_is_exponential_with_bounded_jitter(attempt_count, lowest, h
         def random(self) -> float:
             return self.value
 
-    assert retry_delay_seconds(attempt_count, Fixed(0.0)) == lowest
-    assert retry_delay_seconds(attempt_count, Fixed(0.999999)) == highest
-    assert lowest <= retry_delay_seconds(attempt_count, random.Random(attempt_count)) <= highest
+    assert WORK_RETRY.delay_seconds(attempt_count, Fixed(0.0).random) == lowest
+    assert WORK_RETRY.delay_seconds(attempt_count, Fixed(0.999999).random) == highest
+    assert (
+        lowest
+        <= WORK_RETRY.delay_seconds(attempt_count, random.Random(attempt_count).random)
+        <= highest
+    )
 
 
 def test_error_codes_and_terminal_attempts():
@@ -296,5 +299,5 @@ def test_error_codes_and_terminal_attempts():
     assert work_error_code("CONTENT_USAGE_REFRESH_ERROR") == "MEDIA_USAGE_PROCESSING_FAILED"
     assert work_error_code(None) == "MEDIA_USAGE_PROCESSING_FAILED"
     assert is_terminal("MEDIA_USAGE_RESOURCE_LIMIT", 0)
-    assert not is_terminal("MEDIA_USAGE_PROCESSING_FAILED", MAX_ATTEMPTS - 2)
-    assert is_terminal("MEDIA_USAGE_PROCESSING_FAILED", MAX_ATTEMPTS - 1)
+    assert not is_terminal("MEDIA_USAGE_PROCESSING_FAILED", WORK_RETRY.max_attempts - 2)
+    assert is_terminal("MEDIA_USAGE_PROCESSING_FAILED", WORK_RETRY.max_attempts - 1)

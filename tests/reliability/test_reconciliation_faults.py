@@ -20,7 +20,7 @@ import dagster as dg
 import pytest
 
 from media_usage_orchestration.cms import CmsWriter
-from media_usage_orchestration.processing import reconciliation as processing
+from media_usage_orchestration.processing.reconciliation import model, steps
 from media_usage_orchestration.sample_content import draft_revision_data, sample_entries
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.engine import DATABASE_URL_ENV, create_database_engine
@@ -41,7 +41,7 @@ from tests.support import all_rows, backdate, count, one, status_row
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
 ENTRIES = 500
-PAGE = processing.PAGE_SIZE
+PAGE = model.PAGE_SIZE
 KILL_AFTER_PAGE = 4
 READY_TIMEOUT_SECONDS = 120
 
@@ -151,11 +151,9 @@ def test_content_written_during_the_run_restarts_it_and_the_index_stays_true(db,
     articles = write_collections(db.engine, {"articles": ENTRIES})["articles"]
     writers: list[Writer] = []
     pages = record_enqueued_pages(monkeypatch)
+    monkeypatch.setattr(steps, "scan_page", overlapping(steps.scan_page, writers, db.url, 10, 2))
     monkeypatch.setattr(
-        processing, "scan_page", overlapping(processing.scan_page, writers, db.url, 10, 2)
-    )
-    monkeypatch.setattr(
-        processing, "source_page", overlapping(processing.source_page, writers, db.url, 100, 1)
+        steps, "source_page", overlapping(steps.source_page, writers, db.url, 100, 1)
     )
     with dg.instance_for_test() as instance:
         activate_with_job(db, instance)

@@ -13,9 +13,9 @@ from media_usage_orchestration.store.deletions import (
     DeletionPhase,
     DeletionRepository,
     OperatorDeletionItem,
-    RetryOutcome,
 )
-from media_usage_orchestration.store.records import LeaseState
+from media_usage_orchestration.store.leases import LeaseState
+from media_usage_orchestration.store.outcomes import OperatorRetryOutcome
 from tests.store.deletion_helpers import (
     LEASE_SECONDS,
     claimed,
@@ -130,7 +130,7 @@ def test_retry_reopens_with_the_phase_unchanged(db, repo, state):
 
     result = repo.retry_operator_deletion(collection.id)
 
-    assert result.outcome is RetryOutcome.PENDING and result.changed
+    assert result.outcome is OperatorRetryOutcome.PENDING and result.changed
     row = one(db.engine, schema.collection_deletions, collection_id=collection.id)
     assert (row["state"], row["phase"], row["attempt_count"]) == ("pending", "sources", 0)
     assert row["lease_token"] is None and row["lease_expires_at"] is None
@@ -146,14 +146,14 @@ def test_retry_does_not_steal_a_live_lease(db, repo):
     row = one(db.engine, schema.collection_deletions, collection_id=collection.id)
     before = snapshot(db.engine)
     result = repo.retry_operator_deletion(collection.id)
-    assert result.outcome is RetryOutcome.LEASE_ACTIVE and not result.changed
+    assert result.outcome is OperatorRetryOutcome.LEASE_ACTIVE and not result.changed
     assert result.lease_expires_at == row["lease_expires_at"]
     assert result.item is None
     assert snapshot(db.engine) == before
 
 
 def test_retry_of_a_missing_tombstone_is_not_found(db, repo):
-    assert repo.retry_operator_deletion("missing-id").outcome is RetryOutcome.NOT_FOUND
+    assert repo.retry_operator_deletion("missing-id").outcome is OperatorRetryOutcome.NOT_FOUND
 
 
 def test_retry_of_a_pending_tombstone_is_a_conflict(db, repo):
@@ -162,5 +162,5 @@ def test_retry_of_a_pending_tombstone_is_a_conflict(db, repo):
     set_tombstone(db.engine, collection.id, attempt_count=2)
     before = snapshot(db.engine)
     result = repo.retry_operator_deletion(collection.id)
-    assert result.outcome is RetryOutcome.CONFLICT and not result.changed
+    assert result.outcome is OperatorRetryOutcome.CONFLICT and not result.changed
     assert snapshot(db.engine) == before

@@ -22,7 +22,7 @@ from media_usage_orchestration.store.deletions import (
     find_due_statement,
     is_slug_deleting,
 )
-from media_usage_orchestration.store.records import LeaseState
+from media_usage_orchestration.store.leases import LeaseState
 from tests.factories import insert_deletion
 from tests.store.deletion_helpers import (
     LEASE_SECONDS,

@@ -11,17 +11,17 @@ import pytest
 from sqlalchemy import inspect, select, update
 
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.leases import LeaseState
+from media_usage_orchestration.store.outcomes import OperatorRetryOutcome
 from media_usage_orchestration.store.reconciliations import (
     ENTRY_FAILED_CODE,
     LIFECYCLE_MESSAGE,
-    OperatorRetryOutcome,
     ReconciliationPhase,
     ReconciliationRepository,
     WorkBarrier,
     WorkBarrierState,
     find_due_statement,
 )
-from media_usage_orchestration.store.records import LeaseState
 from tests.factories import (
     FUTURE,
     PAST,
@@ -645,7 +645,7 @@ def test_reset_stuck_failed_reopens_only_a_targetless_failure(db):
 def test_operator_retry_reopens_failed_retrying_and_expired_rows(db):
     repository, collection, claim = terminal_failure_without_target(db)
     result = repository.retry_failed_by_operator(collection.id)
-    assert result.outcome is OperatorRetryOutcome.REOPENED and result.changed
+    assert result.outcome is OperatorRetryOutcome.PENDING and result.changed
     assert result.record.state is LeaseState.PENDING
     assert result.record.phase is ReconciliationPhase.SCAN
     assert (result.record.target_epoch, result.record.attempt_count) == (None, 0)
@@ -664,11 +664,11 @@ def test_operator_retry_reopens_failed_retrying_and_expired_rows(db):
 
     backdate(db.engine, schema.reconciliations, "lease_expires_at", 1, collection_id=collection.id)
     assert repository.retry_failed_by_operator(collection.id).outcome is (
-        OperatorRetryOutcome.REOPENED
+        OperatorRetryOutcome.PENDING
     )
     set_reconciliation(db, collection.id, **backing_off(until=FUTURE))
     assert repository.retry_failed_by_operator(collection.id).outcome is (
-        OperatorRetryOutcome.REOPENED
+        OperatorRetryOutcome.PENDING
     )
     assert repository.retry_failed_by_operator("missing").outcome is OperatorRetryOutcome.NOT_FOUND
 

@@ -13,10 +13,10 @@ from sqlalchemy import select
 
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.cursors import InvalidCursorError
-from media_usage_orchestration.store.records import LeaseState
+from media_usage_orchestration.store.leases import LeaseState
+from media_usage_orchestration.store.outcomes import OperatorRetryOutcome
 from media_usage_orchestration.store.work import (
     OperatorPage,
-    OperatorRetryOutcome,
     OperatorRetryResult,
     OperatorWorkItem,
     WorkRepository,

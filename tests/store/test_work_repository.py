@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.engine import create_database_engine
-from media_usage_orchestration.store.records import LeaseState
+from media_usage_orchestration.store.leases import LeaseState
 from media_usage_orchestration.store.work import (
     WorkLease,
     WorkRecord,

@@ -4,8 +4,8 @@
 entries of one collection is refreshed in a fixed number: one read transaction (registry
 identity, observed canonical sources, field discovery, content rows, draft revisions, and the
 occurrence counts of sources about to be deleted), projection in Python with the same snapshot,
-extraction and fingerprint code, then one write transaction
-(`SourceRepository.write_collection_batch`) in which every row keeps the guards it has alone.
+extraction and fingerprint code, then one write transaction (`write_collection_batch` of
+`store/source_batch_writes.py`) in which every row keeps the guards it has alone.
 
 Each entry is classified from what was read:
 
@@ -34,24 +34,32 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 
+from ..media.fields import FieldDiscovery
+from ..media.projection import (
+    MAX_OCCURRENCE_MUTATION_UNITS,
+    admits_outright,
+    canonical_source_keys,
+)
+from ..media.snapshots import build_content_snapshots
+from ..media.sources import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE, ContentSource
+from ..store.content import content_rows, load_revisions
 from ..store.engine import read_transaction
-from ..store.sources import (
+from ..store.source_batch_writes import (
     BatchWriteResult,
     Publication,
     Removal,
-    SourceRepository,
+    measure_generation_deletions,
+    write_collection_batch,
+)
+from ..store.source_rows import (
     SourceRow,
     identity_is_current,
-    measure_generation_deletions,
     projection_is_unchanged,
     sources_by_key,
 )
-from .fields import FieldDiscovery, load_fields
-from .projection import MAX_OCCURRENCE_MUTATION_UNITS, admits_outright, canonical_source_keys
-from .snapshots import build_content_snapshots, content_rows_query, load_revisions
-from .sources import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE, ContentSource
+from .content_reads import load_fields
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +125,7 @@ def _plan(
             return []
         observed = sources_by_key(connection, [key for each in keys.values() for key in each])
         discovery = load_fields(connection, collection_slug, collection_id)
-        rows = _content_rows(connection, collection_id, collection_slug, discovery, ids)
+        rows = content_rows(connection, collection_slug, collection_id, discovery, ids)
         revisions = load_revisions(connection, _draft_revision_ids(rows.values()))
         plans = []
         for content_id in ids:
@@ -132,18 +140,6 @@ def _plan(
         for plan in plans
         if admits_outright(plan.snapshots, plan.observed, plan.keys, measured)
     ]
-
-
-def _content_rows(
-    connection: Connection,
-    collection_id: str,
-    collection_slug: str,
-    discovery: FieldDiscovery,
-    ids: list[str],
-) -> dict[str, dict[str, Any]]:
-    query, content = content_rows_query(collection_slug, collection_id, discovery)
-    found = connection.execute(query.where(content.c.id.in_(ids)))
-    return {row.id: dict(row._mapping) for row in found}
 
 
 def _draft_revision_ids(rows) -> list[str]:
@@ -244,8 +240,8 @@ def _write(
     if not publications and not removals:
         return BatchWriteResult()
     try:
-        return SourceRepository(engine).write_collection_batch(
-            collection_id, collection_slug, publications, removals
+        return write_collection_batch(
+            engine, collection_id, collection_slug, publications, removals
         )
     except Exception:
         # Rolled back: nothing of the batch landed, its entries take the per-item path.

@@ -1,4 +1,4 @@
-"""Vocabulary shared by the three leased tables: states, epochs, limits; and the due and
+"""Lease vocabulary shared by the three leased tables: states, epochs, limits; and the due and
 claim conditions that the reconciliation and deletion tables (one row per collection) share."""
 
 from __future__ import annotations

@@ -1,0 +1,307 @@
+"""The coordinator's guarded transitions (spec 6.3), shared by EmDash's tick (`tick.py`) and
+the graph's steps (`steps.py`).
+
+Every write below is one repository statement that re-asserts the lease, the run token, the
+epoch, the phase or the cursor itself; a refused write is reported as an outcome. None of
+these hands the lease back after progress: that is the caller's choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from sqlalchemy import Engine
+
+from ...media.fields import FieldDiscovery
+from ...media.fingerprints import field_fingerprint
+from ...media.sources import CONTENT_SOURCE_SCHEMA_VERSION
+from ...store.engine import read_transaction
+from ...store.reconciliations import (
+    ReconciliationClaim,
+    ReconciliationPhase,
+    ReconciliationRecord,
+    ReconciliationRepository,
+    SourceCandidate,
+    WorkBarrierState,
+)
+from ...store.work import WorkRepository
+from ..content_reads import load_fields
+from .model import (
+    INVALID_SOURCE,
+    PAGE_SIZE,
+    SOURCE_VARIANTS,
+    WAIT_DELAY_SECONDS,
+    ReconciliationOutcome,
+    ScanOutcome,
+)
+
+
+@dataclass(frozen=True)
+class RunFields:
+    discovery: FieldDiscovery
+    fingerprint: str
+
+    @property
+    def extracts(self) -> bool:
+        return bool(self.discovery.extraction_fields)
+
+
+def load_run_fields(engine: Engine, claim: ReconciliationRecord) -> RunFields:
+    with read_transaction(engine) as connection:
+        discovery = load_fields(connection, claim.collection_slug, claim.collection_id)
+    return RunFields(discovery, field_fingerprint(discovery))
+
+
+def current_record(
+    repository: ReconciliationRepository, claim: ReconciliationRecord
+) -> ReconciliationRecord | None:
+    """The coordinator while it still carries this claim's lease token; whether the lease is
+    still live is re-checked by every guarded write, as in EmDash."""
+    record = repository.find_by_identity(claim.collection_id, claim.run_token)
+    if record is None or record.lease_token != claim.lease_token:
+        return None
+    return record
+
+
+def as_claim(record: ReconciliationRecord) -> ReconciliationClaim:
+    return ReconciliationClaim(**{each.name: getattr(record, each.name) for each in fields(record)})
+
+
+def release_lease(
+    repository: ReconciliationRepository, claim: ReconciliationRecord, delay: int
+) -> bool:
+    return repository.release(claim.collection_id, claim.run_token, claim.lease_token, delay)
+
+
+def release_to_wait(repository: ReconciliationRepository, claim: ReconciliationRecord) -> None:
+    release_lease(repository, claim, WAIT_DELAY_SECONDS)
+
+
+def run_moved(
+    repository: ReconciliationRepository,
+    claim: ReconciliationRecord,
+    current: ReconciliationRecord,
+    fields_: RunFields,
+) -> bool:
+    """A captured write, schema change, operator retry or foreign owner moved the status
+    epoch, or the collection's media fields changed since the run pinned them."""
+    if current.target_epoch is None or not repository.owns_run(claim, current.target_epoch):
+        return True
+    return current.field_fingerprint != fields_.fingerprint
+
+
+def _scan_upper_id(
+    repository: ReconciliationRepository, claim: ReconciliationRecord, fields_: RunFields
+) -> str | None:
+    # Without media fields nothing is scanned, but canonical sources are still walked.
+    return repository.find_scan_upper_id(claim) if fields_.extracts else None
+
+
+def _enqueue(
+    engine: Engine,
+    claim: ReconciliationRecord,
+    target_epoch: int,
+    phase: str,
+    content_ids: list[str],
+) -> None:
+    WorkRepository(engine).enqueue_reconciliation_page(
+        collection_id=claim.collection_id,
+        collection_slug=claim.collection_slug,
+        run_token=claim.run_token,
+        lease_token=claim.lease_token,
+        change_epoch=target_epoch,
+        phase=phase,
+        content_ids=content_ids,
+    )
+
+
+def begin_run(
+    engine: Engine, repository: ReconciliationRepository, claim: ReconciliationRecord
+) -> RunFields | None:
+    """The first step of a run: take the coverage status, then pin the run's epoch, fields
+    and scan bound on the coordinator. None when the run must wait."""
+    epoch = repository.begin_run(claim)
+    if epoch is None:
+        # A manual repair (or another owner) runs coverage, or it is trusted again.
+        release_to_wait(repository, claim)
+        return None
+    fields_ = load_run_fields(engine, claim)
+    upper = _scan_upper_id(repository, claim, fields_)
+    # Refused only if the lease or the status moved meanwhile; EmDash lets the lease expire.
+    if not repository.initialize_scan(claim, epoch, fields_.fingerprint, upper):
+        return None
+    return fields_
+
+
+def restart_run(
+    engine: Engine,
+    repository: ReconciliationRepository,
+    claim: ReconciliationRecord,
+    current: ReconciliationRecord,
+    fields_: RunFields | None = None,
+) -> ReconciliationOutcome:
+    """EmDash's `restartReconciliation` without its final release."""
+    if current.target_epoch is None:
+        return ReconciliationOutcome.CLAIM_LOST
+    fields_ = fields_ or load_run_fields(engine, claim)
+    epoch = repository.restart_run(claim, current.target_epoch)
+    if epoch is None:
+        release_to_wait(repository, claim)
+        return ReconciliationOutcome.DEFERRED
+    upper = _scan_upper_id(repository, claim, fields_)
+    if not repository.restart_scan(claim, current.target_epoch, epoch, fields_.fingerprint, upper):
+        return ReconciliationOutcome.CLAIM_LOST
+    return ReconciliationOutcome.ADVANCED
+
+
+def scan_claimed(
+    engine: Engine,
+    repository: ReconciliationRepository,
+    claim: ReconciliationRecord,
+    current: ReconciliationRecord,
+) -> ScanOutcome:
+    """EmDash's `processClaimedMediaUsageReconciliationScan` without any release."""
+    if current.phase is not ReconciliationPhase.SCAN:
+        return ScanOutcome.DEFERRED
+    fields_ = None
+    if current.target_epoch is None:
+        fields_ = begin_run(engine, repository, claim)
+        current = current_record(repository, claim) if fields_ else None
+        if current is None:
+            return ScanOutcome.DEFERRED
+    return _scan_next_page(engine, repository, claim, current, fields_)
+
+
+def _scan_next_page(
+    engine: Engine,
+    repository: ReconciliationRepository,
+    claim: ReconciliationRecord,
+    current: ReconciliationRecord,
+    fields_: RunFields | None,
+) -> ScanOutcome:
+    fields_ = fields_ or load_run_fields(engine, claim)
+    if current.field_fingerprint != fields_.fingerprint or current.target_epoch is None:
+        return ScanOutcome.RESTART_REQUIRED
+    content_ids = repository.find_scan_page(current, PAGE_SIZE)
+    if not content_ids:
+        return ScanOutcome.EXHAUSTED
+    _enqueue(engine, claim, current.target_epoch, "scan", content_ids)
+    if not repository.checkpoint_scan(
+        claim, current.target_epoch, current.scan_cursor, content_ids[-1]
+    ):
+        return ScanOutcome.DEFERRED
+    return ScanOutcome.ADVANCED
+
+
+def enter_sources_claimed(
+    repository: ReconciliationRepository, claim: ReconciliationRecord, current: ReconciliationRecord
+) -> ReconciliationOutcome:
+    """After an exhausted scan: wait for every work row, then walk the canonical sources."""
+    blocked = _blocked_by_work(repository, claim)
+    if blocked is not None:
+        return blocked
+    if current.target_epoch is None or current.field_fingerprint is None:
+        return ReconciliationOutcome.CLAIM_LOST
+    upper = repository.find_source_upper_key(claim, current.target_epoch)
+    if not repository.transition_to_sources(
+        claim, current.target_epoch, current.field_fingerprint, upper
+    ):
+        return ReconciliationOutcome.CLAIM_LOST
+    return ReconciliationOutcome.ADVANCED
+
+
+def _is_invalid_source(source: SourceCandidate) -> bool:
+    return not source.content_id or source.source_variant not in SOURCE_VARIANTS
+
+
+def source_page_claimed(
+    engine: Engine,
+    repository: ReconciliationRepository,
+    claim: ReconciliationRecord,
+    current: ReconciliationRecord,
+    fields_: RunFields,
+) -> ScanOutcome | ReconciliationOutcome:
+    page = repository.find_source_page(current, PAGE_SIZE)
+    if not page:
+        return ScanOutcome.EXHAUSTED
+    if any(_is_invalid_source(source) for source in page):
+        return _fail_run(repository, claim, INVALID_SOURCE)
+    content_ids = list(dict.fromkeys(source.content_id for source in page))
+    # Without media fields every source is stale (its projection must become empty);
+    # otherwise the scan already refreshed every existing entry, so only absent ones remain.
+    if fields_.extracts:
+        content_ids = repository.find_missing_content_ids(claim.collection_slug, content_ids)
+    if content_ids:
+        _enqueue(engine, claim, current.target_epoch, "sources", content_ids)
+    if not repository.checkpoint_sources(
+        claim, current.target_epoch, current.source_cursor, page[-1].source_key
+    ):
+        return ReconciliationOutcome.CLAIM_LOST
+    return ScanOutcome.ADVANCED
+
+
+def finalize_claimed(
+    repository: ReconciliationRepository,
+    claim: ReconciliationRecord,
+    current: ReconciliationRecord,
+    fields_: RunFields,
+) -> ReconciliationOutcome:
+    blocked = _blocked_by_work(repository, claim)
+    if blocked is not None:
+        return blocked
+    if not repository.finalize_coverage(
+        claim, current.target_epoch, fields_.fingerprint, CONTENT_SOURCE_SCHEMA_VERSION
+    ):
+        return ReconciliationOutcome.CLAIM_LOST
+    if not repository.delete_finalized(claim):
+        return ReconciliationOutcome.CLAIM_LOST
+    return ReconciliationOutcome.COMPLETED
+
+
+def _blocked_by_work(
+    repository: ReconciliationRepository, claim: ReconciliationRecord
+) -> ReconciliationOutcome | None:
+    """The work barrier: failed work fails the run, pending work makes it wait (30 s); None
+    once no work of the collection remains."""
+    barrier = repository.find_work_barrier(claim.collection_id)
+    if barrier.state is WorkBarrierState.FAILED:
+        return _fail_run(repository, claim)
+    if barrier.state is WorkBarrierState.PENDING:
+        release_to_wait(repository, claim)
+        return ReconciliationOutcome.DEFERRED
+    return None
+
+
+def _fail_run(
+    repository: ReconciliationRepository, claim: ReconciliationRecord, error_code: str | None = None
+) -> ReconciliationOutcome:
+    """A terminal failure: failed entry work (no code) or an invalid source."""
+    if error_code is None:
+        recorded = repository.record_entry_failure(claim)
+    else:
+        recorded = repository.record_failure(
+            claim.collection_id, claim.run_token, claim.lease_token, error_code, 0, True
+        )
+    if not recorded:
+        return ReconciliationOutcome.CLAIM_LOST
+    publish_failure(repository, claim)
+    return ReconciliationOutcome.FAILED
+
+
+def publish_failure(repository: ReconciliationRepository, claim: ReconciliationRecord) -> None:
+    if repository.finish_failed_coverage(claim.collection_id, claim.run_token):
+        return
+    # Nobody could publish it: the run never owned coverage, so the row has no target epoch
+    # and EmDash would never reopen it. Pinning the current epoch lets the seed's own reset
+    # reopen it once that epoch moves (a no-op when the row already has a target).
+    repository.pin_stuck_failed_epoch(claim.collection_id, claim.run_token)
+
+
+def settle_failed(
+    repository: ReconciliationRepository, record: ReconciliationRecord
+) -> ReconciliationOutcome | None:
+    if repository.finish_failed_coverage(record.collection_id, record.run_token):
+        return ReconciliationOutcome.FAILED
+    if repository.reset_failed_for_new_epoch(record):
+        return ReconciliationOutcome.ADVANCED
+    return None

@@ -1,0 +1,117 @@
+"""The reconciliation's paging loops, shared by its ops and `run_to_completion`: walk the scan,
+drain the collection's work, walk the canonical sources, each under a `Budget`, renewing the
+lease between pages and handing the row back due at once when the budget is spent.
+
+A walk's results are the steps' own outcomes, page by page. A scan whose epoch or fields moved
+is restarted in place and walked again (`restart_required`, then the fresh scan's pages). A
+source walk that needs a restart restarts the run and ends there (`restart_required` last,
+with the fresh scan's claim): the scan must be walked again before the sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Engine
+
+from ...store.reconciliations import ReconciliationClaim, WorkBarrierState
+from ..run_loop import Budget, Page, Paging, PagingEnd, page_until_done
+from ..work import WorkBatchResult, process_due_batch
+from . import steps
+from .model import (
+    CONTINUE_DELAY_SECONDS,
+    LEASE_DURATION_SECONDS,
+    ReconciliationOutcome,
+    ScanOutcome,
+)
+
+PageOutcome = ScanOutcome | ReconciliationOutcome
+
+
+def scan_pages(
+    engine: Engine,
+    claim: ReconciliationClaim,
+    budget: Budget,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
+) -> Paging[ReconciliationClaim, PageOutcome]:
+    """Scan pages until the scan is exhausted (`exhausted` last) or a page stops the run."""
+    return _page_walk(engine, claim, steps.scan_page, budget, lease_seconds, rescan=True)
+
+
+def source_pages(
+    engine: Engine,
+    claim: ReconciliationClaim,
+    budget: Budget,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
+) -> Paging[ReconciliationClaim, PageOutcome]:
+    """Source pages until the walk is exhausted (`exhausted` last), the run restarted
+    (`restart_required` last) or a page stops the run."""
+    return _page_walk(engine, claim, steps.source_page, budget, lease_seconds, rescan=False)
+
+
+def _page_walk(
+    engine: Engine,
+    claim: ReconciliationClaim,
+    step: Callable[[Engine, ReconciliationClaim], PageOutcome],
+    budget: Budget,
+    lease_seconds: int,
+    *,
+    rescan: bool,
+) -> Paging[ReconciliationClaim, PageOutcome]:
+    def page(claim: ReconciliationClaim) -> Page[ReconciliationClaim, PageOutcome]:
+        paged = step(engine, claim)
+        if paged is ScanOutcome.RESTART_REQUIRED:
+            return _restarted(engine, claim, rescan=rescan)
+        return Page(paged, claim, more=paged is ScanOutcome.ADVANCED)
+
+    return _walk(engine, claim, page, budget, lease_seconds)
+
+
+def drain_collection_work(
+    engine: Engine,
+    claim: ReconciliationClaim,
+    budget: Budget,
+    batch_size: int,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
+) -> Paging[ReconciliationClaim, WorkBatchResult]:
+    """Process the collection's due work, batch after batch, while some is pending. What
+    cannot run now (retrying, leased elsewhere) is left to the barrier of the next step."""
+    if not _work_pending(engine, claim):
+        return Paging(PagingEnd.DONE, claim, ())
+
+    def batch(claim: ReconciliationClaim) -> Page[ReconciliationClaim, WorkBatchResult]:
+        done = process_due_batch(engine, batch_size, collection_id=claim.collection_id)
+        return Page(done, claim, more=done.claimed_count > 0 and _work_pending(engine, claim))
+
+    return _walk(engine, claim, batch, budget, lease_seconds)
+
+
+def _work_pending(engine: Engine, claim: ReconciliationClaim) -> bool:
+    return steps.work_barrier(engine, claim).state is WorkBarrierState.PENDING
+
+
+def _restarted(
+    engine: Engine, claim: ReconciliationClaim, *, rescan: bool
+) -> Page[ReconciliationClaim, PageOutcome]:
+    """Restart the run from a fresh scan, which the walk pages on through when it is the
+    scan (`rescan`); a refused restart ends the walk with its outcome."""
+    restarted = steps.restart(engine, claim)
+    if restarted.outcome is not ReconciliationOutcome.ADVANCED or restarted.claim is None:
+        return Page(restarted.outcome, claim, more=False)
+    return Page(ScanOutcome.RESTART_REQUIRED, restarted.claim, more=rescan)
+
+
+def _walk(
+    engine: Engine,
+    claim: ReconciliationClaim,
+    page: Callable[[ReconciliationClaim], Page],
+    budget: Budget,
+    lease_seconds: int,
+) -> Paging:
+    return page_until_done(
+        claim,
+        page,
+        budget=budget,
+        renew=lambda held: steps.renew(engine, held, lease_seconds),
+        release_now=lambda held: steps.release(engine, held, CONTINUE_DELAY_SECONDS),
+    )

@@ -1,0 +1,187 @@
+"""The budgeted loops of the long-running steps, Dagster-free: one `Budget`, one leased page
+loop and the work drain. Ops make one call here and turn the result into their report; the
+reconciliation driver runs the same loops (`reconciliation/walks.py`).
+
+- `page_until_done` runs a leased step page after page until a page says it is done,
+  renewing the lease between pages; once the budget is spent it hands the row back due at
+  once, so the next run continues from the row's checkpoints.
+- `drain_due_work` claims and processes due work in batches until nothing is due, capture
+  is inactive or the budget (items claimed, seconds) is spent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from sqlalchemy import Engine
+
+from .work import WorkBatchResult, process_due_batch
+
+L = TypeVar("L")
+R = TypeVar("R")
+
+
+class Budget:
+    """At most `max_steps` steps and/or `max_seconds` on the monotonic clock, whichever runs out
+    first (None: unbounded). The first `guaranteed_steps` are granted whatever the clock says,
+    so a step that must make progress runs at least that often."""
+
+    def __init__(
+        self,
+        max_steps: int | None = None,
+        max_seconds: float | None = None,
+        *,
+        guaranteed_steps: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_steps = max_steps
+        self.guaranteed_steps = guaranteed_steps
+        self.clock = clock
+        self.started = clock()
+        self.deadline = None if max_seconds is None else self.started + max_seconds
+        self.used = 0
+
+    def elapsed_seconds(self) -> float:
+        return self.clock() - self.started
+
+    @property
+    def remaining_steps(self) -> int | None:
+        return None if self.max_steps is None else max(0, self.max_steps - self.used)
+
+    def exhausted(self) -> bool:
+        if self.used < self.guaranteed_steps:
+            return False
+        if self.max_steps is not None and self.used >= self.max_steps:
+            return True
+        return self.deadline is not None and self.clock() >= self.deadline
+
+    def charge(self, steps: int) -> None:
+        """Count `steps` already taken (for a budget of items rather than calls)."""
+        self.used += steps
+
+    def spend(self) -> bool:
+        """Take one step if the budget allows it."""
+        if self.exhausted():
+            return False
+        self.used += 1
+        return True
+
+
+# --- a leased page loop -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Page(Generic[L, R]):
+    """One page: the step's own `result`, the lease to go on with, and whether to page again."""
+
+    result: R
+    lease: L
+    more: bool
+
+
+class PagingEnd(StrEnum):
+    DONE = "done"  # a page said it was the last: its result says how the walk ended
+    CLAIM_LOST = "claim_lost"  # renewing the lease between pages was refused
+    BUDGET_SPENT = "budget_spent"  # the row was handed back due at once
+
+
+@dataclass(frozen=True)
+class Paging(Generic[L, R]):
+    end: PagingEnd
+    lease: L
+    results: tuple[R, ...]
+    released: bool = False  # for BUDGET_SPENT: whether the hand-back landed
+
+    @property
+    def last(self) -> R | None:
+        return self.results[-1] if self.results else None
+
+    def count(self, result: R) -> int:
+        return sum(1 for each in self.results if each == result)
+
+
+def page_until_done(
+    lease: L,
+    page: Callable[[L], Page[L, R]],
+    *,
+    budget: Budget,
+    renew: Callable[[L], L | None],
+    release_now: Callable[[L], bool],
+) -> Paging[L, R]:
+    """Run `page` while the budget allows, renewing the lease between pages (never after the
+    last one: the next step renews it when it starts)."""
+    results: list[R] = []
+    while budget.spend():
+        if results:
+            renewed = renew(lease)
+            if renewed is None:
+                return Paging(PagingEnd.CLAIM_LOST, lease, tuple(results))
+            lease = renewed
+        paged = page(lease)
+        results.append(paged.result)
+        lease = paged.lease
+        if not paged.more:
+            return Paging(PagingEnd.DONE, lease, tuple(results))
+    return Paging(PagingEnd.BUDGET_SPENT, lease, tuple(results), released=release_now(lease))
+
+
+# --- the work drain ---------------------------------------------------------------------------
+
+WORK_COUNTS = ("claimed", "completed", "retry", "failed", "superseded", "obsolete", "claim_lost")
+
+
+class WorkDrainEnd(StrEnum):
+    NOTHING_DUE = "nothing_due"
+    BUDGET = "budget"
+    INACTIVE = "inactive"
+
+
+@dataclass(frozen=True)
+class WorkDrain:
+    stopped_by: WorkDrainEnd
+    counts: Mapping[str, int]  # every name of WORK_COUNTS, summed over the batches
+    # (collection id, slug) -> items of that collection completed
+    completed_by_collection: Mapping[tuple[str, str], int]
+
+
+def drain_due_work(engine: Engine, budget: Budget, batch_size: int) -> WorkDrain:
+    """Batches of due work, each at most `batch_size` and what is left of the budget's steps
+    (items claimed), until nothing is due, capture is inactive or the budget is spent."""
+    counts = dict.fromkeys(WORK_COUNTS, 0)
+    completed: Counter[tuple[str, str]] = Counter()
+    while not budget.exhausted():
+        remaining = budget.remaining_steps
+        batch = process_due_batch(
+            engine, batch_size if remaining is None else min(batch_size, remaining)
+        )
+        if batch.inactive:
+            return WorkDrain(WorkDrainEnd.INACTIVE, counts, completed)
+        _add(counts, batch)
+        completed.update(batch.completed_by_collection)
+        budget.charge(batch.claimed_count)
+        if batch.claimed_count == 0:
+            return WorkDrain(WorkDrainEnd.NOTHING_DUE, counts, completed)
+    return WorkDrain(WorkDrainEnd.BUDGET, counts, completed)
+
+
+def _add(counts: dict[str, int], batch: WorkBatchResult) -> None:
+    for name in WORK_COUNTS:
+        counts[name] += getattr(batch, f"{name}_count")
+
+
+__all__ = [
+    "WORK_COUNTS",
+    "Budget",
+    "Page",
+    "Paging",
+    "PagingEnd",
+    "WorkDrain",
+    "WorkDrainEnd",
+    "drain_due_work",
+    "page_until_done",
+]
