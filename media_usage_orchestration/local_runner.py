@@ -6,7 +6,7 @@ and the end-to-end tests. Runs are real Dagster runs in the given instance.
 """
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
@@ -32,18 +32,24 @@ class LaneRun:
     partition_key: str | None
     success: bool
     outcome: str | None
+    result: dg.ExecuteInProcessResult | None = field(default=None, compare=False, repr=False)
 
 
 def evaluate_sensor(
     sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: Mapping[str, Any]
 ) -> dg.SensorResult | Any:
+    """One tick; every RunRequest's run config must be valid for the sensor's job."""
     with (
         dg.build_sensor_context(
             instance=instance, resources=resources, definitions=defs
         ) as context,
         dg.partition_loading_context(dynamic_partitions_store=instance),
     ):
-        return sensor.evaluate_tick(context)
+        data = sensor.evaluate_tick(context)
+    job = defs.resolve_job_def(sensor.job_name)
+    for request in data.run_requests or []:
+        dg.validate_run_config(job, request.run_config)
+    return data
 
 
 def run_lane(
@@ -54,14 +60,16 @@ def run_lane(
     max_rounds: int = 1000,
     log_level: str | None = None,
     on_run: Callable[[LaneRun], None] | None = None,
+    on_tick: Callable[[dg.SensorDefinition, Any], None] | None = None,
 ) -> list[LaneRun]:
     """Tick the sensors and execute their requests until a round requests nothing;
-    `on_run` hears of each run as it ends."""
+    `on_tick` hears of each evaluation before its requests run, `on_run` of each run as it
+    ends."""
     runs: list[LaneRun] = []
     for _ in range(max_rounds):
         requested = False
         for sensor in sensors:
-            for run in _tick(sensor, instance, resources, log_level):
+            for run in _tick(sensor, instance, resources, log_level, on_tick):
                 requested = True
                 runs.append(run)
                 if on_run is not None:
@@ -81,23 +89,45 @@ def _tick(
     instance: dg.DagsterInstance,
     resources: Mapping[str, Any],
     log_level: str | None,
+    on_tick: Callable[[dg.SensorDefinition, Any], None] | None,
 ) -> Iterator[LaneRun]:
     data = evaluate_sensor(sensor, instance, resources)
-    for request in data.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    if on_tick is not None:
+        on_tick(sensor, data)
+    for _request in add_requested_partitions(instance, data):
         yield LaneRun("partitions", None, True, "added")
-    job = defs.resolve_job_def(sensor.job_name)
     for request in data.run_requests:
-        dg.validate_run_config(job, request.run_config)
-        yield execute_job(
-            instance,
-            resources,
-            job.name,
-            run_config=request.run_config,
-            tags=_with_run_key(request),
-            partition_key=request.partition_key,
-            log_level=log_level,
-        )
+        yield execute_request(instance, resources, sensor.job_name, request, log_level=log_level)
+
+
+def add_requested_partitions(
+    instance: dg.DagsterInstance, data: Any
+) -> list[dg.AddDynamicPartitionsRequest]:
+    """Add the dynamic partitions a tick asked for; returns the requests it carried out."""
+    requests = list(data.dynamic_partitions_requests or [])
+    for request in requests:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    return requests
+
+
+def execute_request(
+    instance: dg.DagsterInstance,
+    resources: Mapping[str, Any],
+    job_name: str,
+    request: dg.RunRequest,
+    *,
+    log_level: str | None = None,
+) -> LaneRun:
+    """The run a sensor requested, with its config, partition, tags and run key."""
+    return execute_job(
+        instance,
+        resources,
+        job_name,
+        run_config=request.run_config,
+        tags=_with_run_key(request),
+        partition_key=request.partition_key,
+        log_level=log_level,
+    )
 
 
 def execute_job(
@@ -119,7 +149,7 @@ def execute_job(
         partition_key=partition_key,
         raise_on_error=False,
     )
-    return LaneRun(job_name, partition_key, result.success, last_outcome(result))
+    return LaneRun(job_name, partition_key, result.success, last_outcome(result), result)
 
 
 def _with_run_key(request: dg.RunRequest) -> dict[str, str]:

@@ -12,12 +12,12 @@ from sqlalchemy import Engine, Table, func, select, text, update
 from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec
 from media_usage_orchestration.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.clock import timestamp_offset
 from media_usage_orchestration.store.schema import (
     ACTIVATION_KEY,
     COLLECTION_SCOPE,
     CONTENT_ADAPTER_ID,
 )
+from tests.factories import ago, from_now
 
 IMAGE_ONLY: tuple[FieldSpec, ...] = (FieldSpec("title", "string"), FieldSpec("hero", "image"))
 NO_MEDIA: tuple[FieldSpec, ...] = (FieldSpec("title", "string"),)
@@ -79,7 +79,7 @@ def status_row(engine: Engine, slug: str) -> dict[str, Any] | None:
 
 def db_now(engine: Engine, offset_seconds: int = 0) -> str:
     with engine.connect() as connection:
-        return connection.execute(select(timestamp_offset(offset_seconds))).scalar_one()
+        return connection.execute(select(from_now(offset_seconds))).scalar_one()
 
 
 def assert_same_statement_time(first: str, second: str) -> None:
@@ -100,7 +100,7 @@ def backdate(engine: Engine, table: Table, column: str, seconds: int, **where: A
         result = connection.execute(
             update(table)
             .where(*[table.c[key] == value for key, value in where.items()])
-            .values({column: timestamp_offset(-seconds)})
+            .values({column: ago(seconds)})
         )
         return result.rowcount
 
@@ -155,13 +155,6 @@ __all__ = [
 ]
 
 
-def insert_rows(engine: Engine, table: Table, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert rows directly (one transaction), for building states the code under test reads."""
-    if rows:
-        with engine.begin() as connection:
-            connection.execute(table.insert(), list(rows))
-
-
 class recorded_statements:
     """`with recorded_statements(engine) as sent:` collects every SQL statement the engine
     sends inside the block (BEGIN included)."""
@@ -204,4 +197,4 @@ def waiter_on_table_lock(engine: Engine, table_name: str, timeout_seconds: float
     return False
 
 
-__all__ += ["insert_rows", "recorded_statements", "waiter_on_table_lock"]
+__all__ += ["recorded_statements", "waiter_on_table_lock"]

@@ -19,8 +19,9 @@ from media_usage_orchestration.store.reconciliations import (
     ReconciliationRepository,
 )
 from media_usage_orchestration.store.work import WorkRecord, WorkRepository
+from tests.factories import failed, insert_work, of
 from tests.store.deletion_helpers import tombstone
-from tests.store.work_helpers import after_epoch_bump, insert_work
+from tests.store.work_helpers import after_epoch_bump
 from tests.support import backdate, make_collection, one, set_activation
 
 LIVE_LEASE_SECONDS = 300
@@ -32,20 +33,12 @@ FAILED_CODE = "MEDIA_USAGE_SNAPSHOT_FAILED"
 
 def work_of(engine: Engine, collection: Collection, content_id: str, state: str, **values: Any):
     return insert_work(
-        engine,
-        collection_id=collection.id,
-        collection_slug=collection.slug,
-        content_id=content_id,
-        change_epoch=0,
-        state=state,
-        **values,
+        engine, **of(collection), content_id=content_id, change_epoch=0, state=state, **values
     )
 
 
 def failed_work(engine: Engine, collection: Collection, content_id: str) -> dict[str, Any]:
-    return work_of(
-        engine, collection, content_id, "failed", attempt_count=5, last_error_code=FAILED_CODE
-    )
+    return work_of(engine, collection, content_id, **failed(FAILED_CODE))
 
 
 def leased_work(engine: Engine, collection: Collection, content_id: str) -> WorkRecord:
@@ -88,9 +81,7 @@ def failed_tombstone(
     table = schema.collection_deletions
     with engine.begin() as connection:
         connection.execute(
-            update(table)
-            .where(table.c.collection_id == collection.id)
-            .values(state="failed", attempt_count=5, last_error_code="X_FAILED")
+            update(table).where(table.c.collection_id == collection.id).values(**failed("X_FAILED"))
         )
 
 
@@ -135,11 +126,5 @@ def fail_reconciliation(engine: Engine, collection: Collection) -> None:
         connection.execute(
             update(table)
             .where(table.c.collection_id == collection.id)
-            .values(
-                state="failed",
-                lease_token=None,
-                lease_expires_at=None,
-                attempt_count=5,
-                last_error_code="MEDIA_USAGE_RECONCILIATION_FAILED",
-            )
+            .values(**failed("MEDIA_USAGE_RECONCILIATION_FAILED"))
         )

@@ -2,7 +2,6 @@
 sensor ticks and the "nothing of the collection is left" check."""
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -18,52 +17,14 @@ from media_usage_orchestration.jobs import (
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors import media_usage_collection_deletion_sensor
 from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.deletions import DeletionLease
-from tests.dagster.sensor_loop import plain, resources
+from tests.dagster.sensor_loop import evaluate, execute_request, plain, resources
 from tests.support import snapshot
 
 DELETION_JOB = defs.resolve_job_def(media_usage_collection_deletion.name)
 REQUEST_JOB = defs.resolve_job_def(request_collection_deletion.name)
 COLLECTION_ID_TAG = "media_usage/collection_id"
 OUTCOME_TAG = "media_usage/outcome"
-RUN_KEY_TAG = "dagster/run_key"
 FAILED_CODE = "MEDIA_USAGE_COLLECTION_DELETION_FAILED"
-
-
-# --- ops, called directly ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OpResult:
-    """What one direct op invocation yielded: the outcome output's metadata and the lease
-    output (None when the op stopped the run there)."""
-
-    metadata: dict[str, Any]
-    lease: DeletionLease | None
-
-    @property
-    def outcome(self) -> str:
-        return self.metadata["outcome"]
-
-
-def invoke(
-    op_def: dg.OpDefinition,
-    db,
-    lease: DeletionLease | None = None,
-    *,
-    op_config: Mapping[str, Any] | None = None,
-    instance: dg.DagsterInstance | None = None,
-) -> OpResult:
-    with dg.build_op_context(
-        resources=resources(db), op_config=dict(op_config) if op_config else None, instance=instance
-    ) as context:
-        outputs = list(op_def(context) if lease is None else op_def(context, lease))
-    by_name = {output.output_name: output for output in outputs}
-    assert set(by_name) <= {"outcome", "lease", "result"}, by_name
-    if "outcome" not in by_name:
-        return OpResult(plain(by_name["result"].metadata), None)
-    handed_on = by_name.get("lease")
-    return OpResult(plain(by_name["outcome"].metadata), handed_on.value if handed_on else None)
 
 
 # --- runs --------------------------------------------------------------------------------------
@@ -140,19 +101,11 @@ def failure_of(result: dg.ExecuteInProcessResult, node: str):
 
 def tick(db, instance: dg.DagsterInstance):
     """One sensor evaluation; every RunRequest must be valid for the job that runs it."""
-    with dg.build_sensor_context(
-        instance=instance, resources=resources(db), definitions=defs
-    ) as context:
-        data = media_usage_collection_deletion_sensor.evaluate_tick(context)
-    for request in data.run_requests or []:
-        dg.validate_run_config(DELETION_JOB, request.run_config)
-    return data
+    return evaluate(media_usage_collection_deletion_sensor, instance, resources(db))
 
 
 def execute_requested(db, instance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
-    return run_deletion_job(
-        db, instance, request.run_config, {**(request.tags or {}), RUN_KEY_TAG: request.run_key}
-    )
+    return execute_request(media_usage_collection_deletion_sensor, request, instance, resources(db))
 
 
 # --- database checks ---------------------------------------------------------------------------

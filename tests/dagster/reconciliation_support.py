@@ -3,7 +3,6 @@ ticks, and the "coverage is complete and true" check."""
 
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entrie
 from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.activation import read_activation
-from media_usage_orchestration.store.reconciliations import ReconciliationClaim
 from tests.dagster.sensor_loop import evaluate, plain, resources
 from tests.support import count, one, status_row
 
@@ -46,7 +44,6 @@ PARTITIONS = media_usage_collections.name
 COLLECTION_ID_TAG = "media_usage/collection_id"
 COLLECTION_TAG = "media_usage/collection"
 OUTCOME_TAG = "media_usage/outcome"
-RUN_KEY_TAG = "dagster/run_key"
 PARTITION_TAG = "dagster/partition"
 FAILED_CODE = "MEDIA_USAGE_RECONCILIATION_FAILED"
 
@@ -70,45 +67,6 @@ def activate_with_job(db, instance: dg.DagsterInstance) -> None:
     assert result.success
     with db.engine.connect() as connection:
         assert read_activation(connection).state == "active"
-
-
-# --- ops, called directly ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OpResult:
-    """What one direct op invocation yielded: the `outcome` output's metadata and the claim
-    handed on (None when the op stopped the run there)."""
-
-    metadata: dict[str, Any]
-    lease: ReconciliationClaim | None
-
-    @property
-    def outcome(self) -> str:
-        return self.metadata["outcome"]
-
-
-def invoke(
-    op_def: dg.OpDefinition,
-    db,
-    instance: dg.DagsterInstance,
-    lease: ReconciliationClaim | None = None,
-    *,
-    partition_key: str | None = None,
-    op_config: Mapping[str, Any] | None = None,
-) -> OpResult:
-    with dg.build_op_context(
-        resources=resources(db),
-        instance=instance,
-        partition_key=partition_key,
-        op_config=dict(op_config) if op_config else None,
-    ) as context:
-        outputs = list(op_def(context) if lease is None else op_def(context, lease))
-    by_name = {output.output_name: output for output in outputs}
-    assert set(by_name) in ({"outcome"}, {"outcome", "lease"}, {"result"}), by_name
-    reported = by_name.get("outcome") or by_name["result"]
-    handed_on = by_name.get("lease")
-    return OpResult(plain(reported.metadata), handed_on.value if handed_on else None)
 
 
 # --- runs --------------------------------------------------------------------------------------
@@ -168,28 +126,6 @@ def run_partition(
 def tick(db, instance: dg.DagsterInstance) -> dg.SensorResult:
     """One sensor evaluation; every RunRequest must be valid for the job that runs it."""
     return evaluate(media_usage_reconciliation_sensor, instance, resources(db))
-
-
-def add_requested_partitions(instance: dg.DagsterInstance, data) -> list[str]:
-    added = []
-    for request in data.dynamic_partitions_requests or []:
-        assert isinstance(request, dg.AddDynamicPartitionsRequest), request
-        assert request.partitions_def_name == PARTITIONS
-        instance.add_dynamic_partitions(PARTITIONS, list(request.partition_keys))
-        added.extend(request.partition_keys)
-    return added
-
-
-def execute_requested(
-    db, instance: dg.DagsterInstance, request: dg.RunRequest
-) -> dg.ExecuteInProcessResult:
-    return run_partition(
-        db,
-        instance,
-        request.partition_key,
-        run_config=request.run_config,
-        tags={**(request.tags or {}), RUN_KEY_TAG: request.run_key},
-    )
 
 
 # --- database checks ---------------------------------------------------------------------------

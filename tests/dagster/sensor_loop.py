@@ -1,8 +1,8 @@
-"""Drive the project's sensors and jobs the way the daemon would, synchronously, in a test.
-
-A tick evaluates a sensor against a real (test) instance; every RunRequest's run config is
-validated against its job, requested dynamic partitions are added to the instance, and each
-requested run is executed in process with the request's partition key, tags and run key.
+"""Drive the project's sensors in a test through the project's own runner
+(`media_usage_orchestration.local_runner`, which the demo and the benchmark use): a tick
+evaluates a sensor against a real (test) instance and validates every RunRequest's run config
+against its job; requested dynamic partitions are added to the instance and each requested run
+is executed in process with the request's partition key, tags and run key.
 """
 
 from __future__ import annotations
@@ -13,18 +13,11 @@ from typing import Any
 
 import dagster as dg
 
-from media_usage_orchestration import jobs, sensors
-from media_usage_orchestration.definitions import defs
+from media_usage_orchestration import local_runner
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 
-RUN_KEY_TAG = "dagster/run_key"
-
-JOB_OF_SENSOR: dict[str, dg.JobDefinition] = {
-    sensors.media_usage_work_sensor.name: jobs.media_usage_work,
-    sensors.media_usage_reconciliation_sensor.name: jobs.media_usage_reconciliation,
-    sensors.media_usage_collection_deletion_sensor.name: jobs.media_usage_collection_deletion,
-}
+RUN_KEY_TAG = local_runner.RUN_KEY_TAG
 
 
 def resources_for(url: str, **automation: Any) -> dict[str, Any]:
@@ -48,44 +41,32 @@ def evaluate(
     sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: Mapping[str, Any]
 ):
     """One tick; every RunRequest's run config must be valid for the sensor's job."""
-    with (
-        dg.build_sensor_context(
-            instance=instance, resources=dict(resources), definitions=defs
-        ) as context,
-        dg.partition_loading_context(dynamic_partitions_store=instance),
-    ):
-        data = sensor.evaluate_tick(context)
-    job = JOB_OF_SENSOR[sensor.name]
-    for request in data.run_requests or []:
-        dg.validate_run_config(job, request.run_config)
-    return data
+    return local_runner.evaluate_sensor(sensor, instance, dict(resources))
+
+
+def requested_partition_keys(data) -> list[str]:
+    """The dynamic partition keys a tick asked to add."""
+    return [
+        key for request in data.dynamic_partitions_requests or [] for key in request.partition_keys
+    ]
 
 
 def add_requested_partitions(instance: dg.DagsterInstance, data) -> list[str]:
-    added = []
-    for request in data.dynamic_partitions_requests or []:
-        assert isinstance(request, dg.AddDynamicPartitionsRequest), request
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-        added.extend(request.partition_keys)
-    return added
+    """Add the partitions a tick asked for; returns their keys."""
+    local_runner.add_requested_partitions(instance, data)
+    return requested_partition_keys(data)
 
 
 def execute_request(
-    job: dg.JobDefinition,
+    sensor: dg.SensorDefinition,
     request: dg.RunRequest,
     instance: dg.DagsterInstance,
     resources: Mapping[str, Any],
 ) -> dg.ExecuteInProcessResult:
-    tags = dict(request.tags or {})
-    if request.run_key:
-        tags[RUN_KEY_TAG] = request.run_key
-    return job.execute_in_process(
-        run_config=request.run_config,
-        instance=instance,
-        resources={"database": resources["database"]},
-        partition_key=request.partition_key,
-        tags=tags,
-    )
+    """The run `sensor` requested, executed as the lane executes it; it must succeed."""
+    run = local_runner.execute_request(instance, dict(resources), sensor.job_name, request)
+    assert run.success and run.result is not None, (run.job_name, run.partition_key, run.outcome)
+    return run.result
 
 
 def output_metadata(
@@ -100,16 +81,24 @@ def output_metadata(
 
 @dataclass
 class Drained:
-    """What a drain loop did: every run it executed, per sensor, and the final skip reasons."""
+    """What a drain did: every run it executed, per sensor, every evaluation, and the final skip
+    reasons."""
 
     runs: dict[str, list[dg.ExecuteInProcessResult]] = field(default_factory=dict)
     run_keys: dict[str, list[str]] = field(default_factory=dict)
     partitions_added: list[str] = field(default_factory=list)
-    ticks: int = 0
+    evaluations: list[tuple[str, Any]] = field(default_factory=list)
     skip_messages: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def ticks(self) -> int:
+        return len(self.evaluations)
 
     def of(self, sensor: dg.SensorDefinition) -> list[dg.ExecuteInProcessResult]:
         return self.runs.get(sensor.name, [])
+
+    def ticks_of(self, sensor: dg.SensorDefinition) -> list[Any]:
+        return [data for name, data in self.evaluations if name == sensor.name]
 
 
 def drain(
@@ -119,25 +108,32 @@ def drain(
     *,
     max_rounds: int = 200,
 ) -> Drained:
-    """Tick every sensor in turn and execute what each asks for, until a whole round asks for
-    nothing (no run, no new partition)."""
+    """`local_runner.run_lane` over `sensor_list`: tick every sensor in turn and execute what
+    each asks for, until a whole round asks for nothing (no run, no new partition). Every run
+    must succeed."""
     drained = Drained()
-    for _ in range(max_rounds):
-        progressed = False
-        for sensor in sensor_list:
-            data = evaluate(sensor, instance, resources)
-            drained.ticks += 1
-            added = add_requested_partitions(instance, data)
-            drained.partitions_added.extend(added)
-            progressed = progressed or bool(added)
-            requests = data.run_requests or []
-            drained.skip_messages[sensor.name] = data.skip_message
-            for request in requests:
-                result = execute_request(JOB_OF_SENSOR[sensor.name], request, instance, resources)
-                assert result.success
-                drained.runs.setdefault(sensor.name, []).append(result)
-                drained.run_keys.setdefault(sensor.name, []).append(request.run_key)
-                progressed = True
-        if not progressed:
-            return drained
-    raise AssertionError(f"the sensors still asked for runs after {max_rounds} rounds")
+    sensor_of_job = {sensor.job_name: sensor.name for sensor in sensor_list}
+
+    def heard_tick(sensor: dg.SensorDefinition, data) -> None:
+        drained.evaluations.append((sensor.name, data))
+        drained.skip_messages[sensor.name] = data.skip_message
+        drained.partitions_added.extend(requested_partition_keys(data))
+
+    def heard_run(run: local_runner.LaneRun) -> None:
+        if run.result is None:
+            return
+        assert run.success, (run.job_name, run.partition_key, run.outcome)
+        sensor = sensor_of_job[run.job_name]
+        drained.runs.setdefault(sensor, []).append(run.result)
+        run_key = run.result.dagster_run.tags.get(RUN_KEY_TAG)
+        drained.run_keys.setdefault(sensor, []).append(run_key)
+
+    local_runner.run_lane(
+        instance,
+        dict(resources),
+        sensors=sensor_list,
+        max_rounds=max_rounds,
+        on_tick=heard_tick,
+        on_run=heard_run,
+    )
+    return drained

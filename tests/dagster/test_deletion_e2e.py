@@ -14,12 +14,14 @@ from dagster._core.remote_origin import (
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 from media_usage_orchestration.cms import CmsWriter
+from media_usage_orchestration.local_runner import RUN_KEY_TAG
 from media_usage_orchestration.processing import deletion as processing
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
+from media_usage_orchestration.sensors import media_usage_collection_deletion_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository
 from tests.dagster.deletion_support import (
@@ -28,7 +30,6 @@ from tests.dagster.deletion_support import (
     FAILED_CODE,
     OUTCOME_TAG,
     RECONSTRUCTABLE_DELETION_JOB,
-    RUN_KEY_TAG,
     deletion_run_config,
     execute_requested,
     leftovers,
@@ -43,6 +44,7 @@ from tests.dagster.deletion_support import (
 from tests.dagster.deletion_support import (
     everything as support_everything,
 )
+from tests.dagster.sensor_loop import drain, resources
 from tests.store.deletion_helpers import expire_lease, set_tombstone, tombstone
 from tests.support import IMAGE_ONLY, backdate, count, one, snapshot, status_row
 
@@ -56,17 +58,13 @@ def everything(db, *content_slugs):
 
 def drain_deletions(db, instance):
     """Tick the sensor and execute what it asks for until it asks for nothing."""
-    runs, keys = [], []
-    for _ in range(MAX_TICKS):
-        data = tick(db, instance)
-        if not data.run_requests:
-            return runs, keys, data.skip_message
-        for request in data.run_requests:
-            result = execute_requested(db, instance, request)
-            assert result.success
-            runs.append(result)
-            keys.append(request.run_key)
-    raise AssertionError(f"the deletion sensor still asked for runs after {MAX_TICKS} ticks")
+    sensor = media_usage_collection_deletion_sensor
+    drained = drain(instance, resources(db), [sensor], max_rounds=MAX_TICKS)
+    return (
+        drained.of(sensor),
+        drained.run_keys.get(sensor.name, []),
+        drained.skip_messages[sensor.name],
+    )
 
 
 # --- end to end ---------------------------------------------------------------------------------

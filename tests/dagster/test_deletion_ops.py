@@ -40,12 +40,11 @@ from media_usage_orchestration.store.deletions import (
 )
 from tests.dagster.deletion_support import (
     FAILED_CODE,
-    OpResult,
-    invoke,
     leftovers,
     seconds_between,
     table_exists,
 )
+from tests.dagster.ops_support import OpResult, invoke
 from tests.store.deletion_helpers import (
     LEASE_SECONDS,
     add_reconciliation,

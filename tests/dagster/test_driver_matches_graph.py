@@ -26,13 +26,13 @@ from media_usage_orchestration.processing.work import WorkBatchResult
 from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.store import schema
 from tests.dagster.reconciliation_support import PARTITIONS, run_partition, step_outcomes
+from tests.factories import insert_source, of
 from tests.processing.projection_helpers import canonical_key
 from tests.processing.reconciliation_helpers import (
     captured_collection,
     entry_ids,
     untrusted_collection,
 )
-from tests.store.reconciliation_helpers import insert_source
 from tests.support import count, one, status_row
 
 RECORDED_STEPS = (
@@ -80,7 +80,9 @@ def _complete(engine) -> Collection:
 
 def _invalid_source(engine) -> Collection:
     collection = untrusted_collection(engine, "articles", entry_ids(60))
-    insert_source(engine, collection, canonical_key(collection, "odd"), source_variant="other")
+    insert_source(
+        engine, canonical_key(collection, "odd"), **of(collection), source_variant="other"
+    )
     return collection
 
 

@@ -30,6 +30,7 @@ from media_usage_orchestration.store.engine import create_database_engine
 from tests.dagster.sensor_loop import drain, output_metadata, resources_for
 from tests.fixtures import FIXTURE_DB, REFERENCE_END_STATE, REFERENCE_FINGERPRINTS
 from tests.support import all_rows, count, status_row
+from tests.triggers import create_trigger
 
 FIELD_FINGERPRINT = (
     "media-usage-fields:v1:sha256:9c4d23f9605c5ae1ab09446b89dd88458742ec1d19eee62ed02d109a31befd58"
@@ -128,32 +129,16 @@ def _log_field_fingerprints(engine: Engine) -> None:
         connection.execute(
             text("CREATE TABLE test_field_fingerprints (collection_id TEXT, fingerprint TEXT)")
         )
-        if engine.dialect.name == "postgresql":
-            connection.execute(
-                text(
-                    "CREATE FUNCTION test_log_field_fingerprint() RETURNS trigger "
-                    "LANGUAGE plpgsql AS $body$ BEGIN "
-                    "IF NEW.field_fingerprint IS NOT NULL THEN INSERT INTO test_field_fingerprints "
-                    "VALUES (NEW.collection_id, NEW.field_fingerprint); END IF; "
-                    "RETURN NEW; END $body$"
-                )
-            )
-            connection.execute(
-                text(
-                    f"CREATE TRIGGER test_log_field_fingerprint AFTER INSERT OR UPDATE ON {table} "
-                    "FOR EACH ROW EXECUTE FUNCTION test_log_field_fingerprint()"
-                )
-            )
-            return
-        for event in ("INSERT", "UPDATE"):
-            connection.execute(
-                text(
-                    f"CREATE TRIGGER test_log_field_fingerprint_{event.lower()} AFTER {event} "
-                    f"ON {table} FOR EACH ROW WHEN NEW.field_fingerprint IS NOT NULL BEGIN "
-                    "INSERT INTO test_field_fingerprints "
-                    "VALUES (NEW.collection_id, NEW.field_fingerprint); END"
-                )
-            )
+    for event in ("INSERT", "UPDATE"):
+        create_trigger(
+            engine,
+            f"test_log_field_fingerprint_{event.lower()}",
+            table=table,
+            event=f"AFTER {event}",
+            when="NEW.field_fingerprint IS NOT NULL",
+            action="INSERT INTO test_field_fingerprints "
+            "VALUES (NEW.collection_id, NEW.field_fingerprint)",
+        )
 
 
 def _logged_field_fingerprints(engine: Engine) -> dict[str, set[str]]:

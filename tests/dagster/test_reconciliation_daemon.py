@@ -17,6 +17,7 @@ from dagster._core.test_utils import freeze_time
 from dagster._daemon.sensor import execute_sensor_iteration
 
 from media_usage_orchestration.cms import CmsWriter, FieldSpec
+from media_usage_orchestration.local_runner import RUN_KEY_TAG
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import maintenance, steps
 from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
@@ -31,7 +32,6 @@ from tests.dagster.reconciliation_support import (
     PARTITION_TAG,
     PARTITIONS,
     RECONCILIATION_JOB,
-    RUN_KEY_TAG,
     assert_coverage_complete,
     daemon_workspace,
     remote_repository,

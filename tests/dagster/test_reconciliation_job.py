@@ -22,8 +22,10 @@ from dagster._core.test_utils import create_run_for_test
 from dagster._daemon.backfill import execute_backfill_iteration
 from dagster._time import get_current_timestamp
 
+from media_usage_orchestration.local_runner import execute_request
 from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.schedules import media_usage_maintenance_schedule
+from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.engine import DATABASE_URL_ENV
 from tests.dagster import reconstructable_jobs
@@ -40,10 +42,8 @@ from tests.dagster.reconciliation_support import (
     RECONCILIATION_JOB,
     RECONCILIATION_OPS,
     activate_with_job,
-    add_requested_partitions,
     assert_coverage_complete,
     daemon_workspace,
-    execute_requested,
     outcome_of,
     plain,
     remote_repository,
@@ -54,6 +54,7 @@ from tests.dagster.reconciliation_support import (
     tick,
     write_collections,
 )
+from tests.dagster.sensor_loop import drain, requested_partition_keys
 from tests.processing.projection_helpers import canonical_key
 from tests.support import all_rows, count, one, status_row
 
@@ -101,18 +102,18 @@ def test_the_sensor_path_reaches_complete_coverage(db):
     collections = write_collections(db.engine, SIZES)
     with dg.instance_for_test() as instance:
         activate_with_job(db, instance)
-        ticks = []
-        for _ in range(6):
-            data = tick(db, instance)
-            added = add_requested_partitions(instance, data)
-            requests = list(data.run_requests or [])
-            ticks.append((added, requests, data.skip_message))
-            for request in requests:
-                result = execute_requested(db, instance, request)
-                assert result.success
-                assert step_outcomes(result.all_events) == COMPLETE_RUN
-            if not added and not requests:
-                break
+        sensor = media_usage_reconciliation_sensor
+        drained = drain(instance, resources(db), [sensor], max_rounds=6)
+        for result in drained.of(sensor):
+            assert step_outcomes(result.all_events) == COMPLETE_RUN
+        ticks = [
+            (
+                requested_partition_keys(data),
+                list(data.run_requests or []),
+                data.skip_message,
+            )
+            for data in drained.ticks_of(sensor)
+        ]
 
         # The first tick only adds the partitions: a run needs its partition to exist.
         assert [(added, len(requests)) for added, requests, _ in ticks] == [
@@ -289,12 +290,7 @@ def test_the_maintenance_schedule_runs_the_job_that_settles_seeds_and_syncs(db):
 
         [request] = data.run_requests
         dg.validate_run_config(MAINTENANCE_JOB, request.run_config)
-        result = MAINTENANCE_JOB.execute_in_process(
-            run_config=request.run_config,
-            instance=instance,
-            resources=resources(db),
-            tags=request.tags,
-        )
+        result = execute_request(instance, resources(db), MAINTENANCE_JOB.name, request).result
         assert result.success
         run = instance.get_run_by_id(result.run_id)
         assert run.tags["dagster/schedule_name"] == media_usage_maintenance_schedule.name

@@ -29,12 +29,9 @@ from media_usage_orchestration.processing.reconciliation.model import Reconcilia
 from media_usage_orchestration.processing.reconciliation.steps import claim_collection
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
-from tests.dagster.reconciliation_support import (
-    FAILED_CODE,
-    PARTITIONS,
-    OpResult,
-    invoke,
-)
+from tests.dagster.ops_support import OpResult, invoke
+from tests.dagster.reconciliation_support import FAILED_CODE, PARTITIONS
+from tests.factories import insert_source, of
 from tests.processing.projection_helpers import canonical_key
 from tests.processing.reconciliation_helpers import (
     coordinator,
@@ -46,7 +43,6 @@ from tests.processing.reconciliation_helpers import (
     untrusted_collection,
     work_rows,
 )
-from tests.store.reconciliation_helpers import insert_source
 from tests.support import count, db_now, set_status
 
 GRAPH = (
@@ -100,10 +96,10 @@ def articles(db):
 def lease_for(db, instance, op_def, slug: str = "articles"):
     """Run the ops before `op_def`, each handing the claim on; returns the claim `op_def`
     receives."""
-    result = invoke(claim_reconciliation, db, instance, partition_key=slug)
+    result = invoke(claim_reconciliation, db, instance=instance, partition_key=slug)
     assert result.outcome == "claimed", result.metadata
     for earlier in GRAPH[1 : GRAPH.index(op_def)]:
-        result = invoke(earlier, db, instance, result.lease)
+        result = invoke(earlier, db, result.lease, instance=instance)
         assert result.lease is not None, (earlier.name, result.metadata)
     return result.lease
 
@@ -151,7 +147,7 @@ def broken(*_args, **_kwargs):
 def test_claim_seeds_and_claims_only_the_partitions_collection(db, instance, articles):
     pages = untrusted_collection(db.engine, "pages", entry_ids(3))
 
-    result = invoke(claim_reconciliation, db, instance, partition_key="pages")
+    result = invoke(claim_reconciliation, db, instance=instance, partition_key="pages")
 
     assert result.outcome == "claimed"
     assert (result.metadata["collection"], result.metadata["collection_id"]) == ("pages", pages.id)
@@ -172,22 +168,24 @@ def test_claim_seeds_and_claims_only_the_partitions_collection(db, instance, art
 
 
 def test_claim_of_an_unknown_collection_hands_nothing_on(db, instance, articles):
-    assert_stopped(invoke(claim_reconciliation, db, instance, partition_key="missing"), "not_found")
+    assert_stopped(
+        invoke(claim_reconciliation, db, instance=instance, partition_key="missing"), "not_found"
+    )
     assert count(db.engine, schema.reconciliations) == 0
 
 
 def test_claim_refuses_a_malformed_slug_without_retries_or_writes(db, instance, articles):
     with pytest.raises(dg.Failure, match="collection slug") as failure:
-        invoke(claim_reconciliation, db, instance, partition_key="Not-A-Slug")
+        invoke(claim_reconciliation, db, instance=instance, partition_key="Not-A-Slug")
     assert failure.value.allow_retries is False
     assert count(db.engine, schema.reconciliations) == 0
 
 
 def test_claim_yields_no_lease_while_another_run_holds_it(db, instance, articles):
-    first = invoke(claim_reconciliation, db, instance, partition_key="articles")
+    first = invoke(claim_reconciliation, db, instance=instance, partition_key="articles")
     before = coordinator(db.engine, articles)
 
-    second = invoke(claim_reconciliation, db, instance, partition_key="articles")
+    second = invoke(claim_reconciliation, db, instance=instance, partition_key="articles")
 
     assert_stopped(second, "claim_lost")
     assert first.lease.lease_expires_at in second.metadata["reason"]
@@ -195,22 +193,31 @@ def test_claim_yields_no_lease_while_another_run_holds_it(db, instance, articles
 
 
 def test_claim_of_a_waiting_coordinator_is_not_due(db, instance, articles):
-    claim = invoke(claim_reconciliation, db, instance, partition_key="articles").lease
+    claim = invoke(claim_reconciliation, db, instance=instance, partition_key="articles").lease
     assert steps.release(db.engine, claim, 30)
 
-    assert_stopped(invoke(claim_reconciliation, db, instance, partition_key="articles"), "not_due")
+    assert_stopped(
+        invoke(claim_reconciliation, db, instance=instance, partition_key="articles"), "not_due"
+    )
     make_due(db.engine, articles)
-    assert invoke(claim_reconciliation, db, instance, partition_key="articles").lease is not None
+    assert (
+        invoke(claim_reconciliation, db, instance=instance, partition_key="articles").lease
+        is not None
+    )
 
 
 def test_complete_coverage_is_claimed_only_when_forced(db, instance, articles):
     assert run_to_completion(db.engine, articles.id) is ReconciliationOutcome.COMPLETED
 
     assert_stopped(
-        invoke(claim_reconciliation, db, instance, partition_key="articles"), "completed"
+        invoke(claim_reconciliation, db, instance=instance, partition_key="articles"), "completed"
     )
     forced = invoke(
-        claim_reconciliation, db, instance, partition_key="articles", op_config={"force": True}
+        claim_reconciliation,
+        db,
+        instance=instance,
+        partition_key="articles",
+        op_config={"force": True},
     )
 
     assert forced.outcome == "claimed"
@@ -223,7 +230,7 @@ def test_claim_fails_fast_on_a_bug_and_leaves_transient_errors_to_the_retry_poli
 ):
     monkeypatch.setattr(steps, "claim_collection", broken)
     with pytest.raises(dg.Failure, match="RuntimeError: injected") as failure:
-        invoke(claim_reconciliation, db, instance, partition_key="articles")
+        invoke(claim_reconciliation, db, instance=instance, partition_key="articles")
     assert failure.value.allow_retries is False
 
     def locked(*_args, **_kwargs):
@@ -231,7 +238,7 @@ def test_claim_fails_fast_on_a_bug_and_leaves_transient_errors_to_the_retry_poli
 
     monkeypatch.setattr(steps, "claim_collection", locked)
     with pytest.raises(sa_exc.OperationalError):
-        invoke(claim_reconciliation, db, instance, partition_key="articles")
+        invoke(claim_reconciliation, db, instance=instance, partition_key="articles")
     assert count(db.engine, schema.reconciliations) == 0
 
 
@@ -241,7 +248,7 @@ def test_claim_fails_fast_on_a_bug_and_leaves_transient_errors_to_the_retry_poli
 def test_prepare_run_takes_coverage_and_pins_the_run(db, instance, articles):
     lease = lease_for(db, instance, prepare_run)
 
-    result = invoke(prepare_run, db, instance, lease)
+    result = invoke(prepare_run, db, lease, instance=instance)
 
     assert (result.outcome, result.metadata["restarted"]) == ("prepared", False)
     status = coverage(db.engine, articles)
@@ -256,7 +263,7 @@ def test_prepare_run_waits_while_a_manual_repair_owns_coverage(db, instance, art
     lease = lease_for(db, instance, prepare_run)
     set_status(db.engine, "articles", status="running", cursor="manual-repair")
 
-    assert_stopped(invoke(prepare_run, db, instance, lease), "deferred")
+    assert_stopped(invoke(prepare_run, db, lease, instance=instance), "deferred")
 
     row = assert_waiting(db, articles)
     assert row["target_epoch"] is None
@@ -269,7 +276,7 @@ def test_prepare_run_waits_while_a_manual_repair_owns_coverage(db, instance, art
 def test_scan_pages_enqueues_every_page_under_one_renewed_lease(db, instance, articles):
     lease = lease_for(db, instance, scan_pages)
 
-    result = invoke(scan_pages, db, instance, lease)
+    result = invoke(scan_pages, db, lease, instance=instance)
 
     assert (result.outcome, result.metadata["pages"], result.metadata["restarts"]) == (
         "exhausted",
@@ -293,14 +300,14 @@ def test_scan_pages_enqueues_every_page_under_one_renewed_lease(db, instance, ar
 def test_a_spent_page_budget_hands_the_row_back_and_the_next_run_resumes(db, instance, articles):
     lease = lease_for(db, instance, scan_pages)
 
-    spent = invoke(scan_pages, db, instance, lease, op_config={"max_pages": 1})
+    spent = invoke(scan_pages, db, lease, instance=instance, op_config={"max_pages": 1})
 
     assert_stopped(spent, "budget_exhausted")
     assert spent.metadata["pages"] == 1
     assert assert_handed_back_due_now(db, articles)["scan_cursor"] == "entry-049"
     assert sorted(work_rows(db.engine, articles)) == ENTRIES[:50]
 
-    resumed = invoke(scan_pages, db, instance, lease_for(db, instance, scan_pages))
+    resumed = invoke(scan_pages, db, lease_for(db, instance, scan_pages), instance=instance)
 
     assert (resumed.outcome, resumed.metadata["pages"]) == ("exhausted", 2)
     assert coordinator(db.engine, articles)["scan_cursor"] == "entry-119"
@@ -316,10 +323,10 @@ def test_a_spent_page_budget_hands_the_row_back_and_the_next_run_resumes(db, ins
 
 def test_drain_processes_only_this_collections_work(db, instance, articles):
     pages = untrusted_collection(db.engine, "pages", entry_ids(5))
-    invoke(scan_pages, db, instance, lease_for(db, instance, scan_pages, "pages"))
+    invoke(scan_pages, db, lease_for(db, instance, scan_pages, "pages"), instance=instance)
     lease = lease_for(db, instance, drain_collection_work)
 
-    result = invoke(drain_collection_work, db, instance, lease)
+    result = invoke(drain_collection_work, db, lease, instance=instance)
 
     assert (result.outcome, result.metadata["completed"]) == ("drained", 120)
     assert result.metadata["batches"] == 3
@@ -333,7 +340,9 @@ def test_drain_processes_only_this_collections_work(db, instance, articles):
 def test_a_spent_drain_budget_hands_the_row_back_with_its_work(db, instance, articles):
     lease = lease_for(db, instance, drain_collection_work)
 
-    spent = invoke(drain_collection_work, db, instance, lease, op_config={"max_seconds": 1e-9})
+    spent = invoke(
+        drain_collection_work, db, lease, instance=instance, op_config={"max_seconds": 1e-9}
+    )
 
     assert_stopped(spent, "budget_exhausted")
     assert spent.metadata["batches"] == 0
@@ -347,9 +356,9 @@ def test_a_spent_drain_budget_hands_the_row_back_with_its_work(db, instance, art
 def test_scan_sources_enqueues_work_only_for_content_that_is_gone(db, instance, articles):
     lease = lease_for(db, instance, scan_sources)
     gone = canonical_key(articles, "gone")
-    insert_source(db.engine, articles, gone, content_id="gone")
+    insert_source(db.engine, gone, **of(articles), content_id="gone")
 
-    result = invoke(scan_sources, db, instance, lease)
+    result = invoke(scan_sources, db, lease, instance=instance)
 
     assert (result.outcome, result.metadata["pages"]) == ("exhausted", 3)
     row = coordinator(db.engine, articles)
@@ -363,7 +372,7 @@ def test_scan_sources_enqueues_work_only_for_content_that_is_gone(db, instance, 
 def test_scan_sources_waits_while_the_scans_work_is_pending(db, instance, articles):
     lease = lease_for(db, instance, drain_collection_work)
 
-    assert_stopped(invoke(scan_sources, db, instance, lease), "deferred")
+    assert_stopped(invoke(scan_sources, db, lease, instance=instance), "deferred")
 
     row = assert_waiting(db, articles)
     assert (row["phase"], row["scan_cursor"]) == ("scan", "entry-119")
@@ -372,13 +381,13 @@ def test_scan_sources_waits_while_the_scans_work_is_pending(db, instance, articl
 def test_a_spent_source_budget_hands_the_row_back_at_its_source_cursor(db, instance, articles):
     lease = lease_for(db, instance, scan_sources)
 
-    spent = invoke(scan_sources, db, instance, lease, op_config={"max_pages": 1})
+    spent = invoke(scan_sources, db, lease, instance=instance, op_config={"max_pages": 1})
 
     assert_stopped(spent, "budget_exhausted")
     row = assert_handed_back_due_now(db, articles)
     assert (row["phase"], row["source_cursor"]) == ("sources", canonical_key(articles, ENTRIES[49]))
 
-    resumed = invoke(scan_sources, db, instance, lease_for(db, instance, scan_sources))
+    resumed = invoke(scan_sources, db, lease_for(db, instance, scan_sources), instance=instance)
     assert (resumed.outcome, resumed.metadata["pages"]) == ("exhausted", 2)
 
 
@@ -388,7 +397,7 @@ def test_a_spent_source_budget_hands_the_row_back_at_its_source_cursor(db, insta
 def test_finalize_makes_coverage_complete_and_ends_the_graph(db, instance, articles):
     lease = lease_for(db, instance, finalize_coverage)
 
-    assert_stopped(invoke(finalize_coverage, db, instance, lease), "completed")
+    assert_stopped(invoke(finalize_coverage, db, lease, instance=instance), "completed")
 
     status = coverage(db.engine, articles)
     assert (status["status"], status["reconciliation_required"], status["cursor"]) == (
@@ -403,10 +412,10 @@ def test_finalize_makes_coverage_complete_and_ends_the_graph(db, instance, artic
 
 def test_finalize_waits_for_the_work_of_the_source_walk(db, instance, articles):
     lease = lease_for(db, instance, scan_sources)
-    insert_source(db.engine, articles, canonical_key(articles, "gone"), content_id="gone")
-    lease = invoke(scan_sources, db, instance, lease).lease
+    insert_source(db.engine, canonical_key(articles, "gone"), **of(articles), content_id="gone")
+    lease = invoke(scan_sources, db, lease, instance=instance).lease
 
-    assert_stopped(invoke(finalize_coverage, db, instance, lease), "deferred")
+    assert_stopped(invoke(finalize_coverage, db, lease, instance=instance), "deferred")
 
     assert assert_waiting(db, articles)["phase"] == "sources"
     assert coverage(db.engine, articles)["status"] == "running"
@@ -421,7 +430,7 @@ def test_a_lapsed_lease_is_regained_by_the_next_op(db, instance, articles, op_de
     lease = lease_for(db, instance, op_def)
     expire_lease(db.engine, articles)
 
-    result = invoke(op_def, db, instance, lease)
+    result = invoke(op_def, db, lease, instance=instance)
 
     assert result.outcome == ADVANCES[op_def.name], result.metadata
     if op_def is finalize_coverage:
@@ -444,7 +453,7 @@ def test_a_lease_taken_over_by_another_run_stops_the_op_without_writes(
     assert successor.outcome is ReconciliationOutcome.ADVANCED
     before = database_state(db, articles)
 
-    result = invoke(op_def, db, instance, lease)
+    result = invoke(op_def, db, lease, instance=instance)
 
     assert_stopped(result, "claim_lost")
     assert database_state(db, articles) == before
@@ -460,7 +469,7 @@ def test_an_unexpected_exception_is_recorded_like_emdash_and_fails_without_retri
     monkeypatch.setattr(*STEP_OF[op_def.name], broken)
 
     with pytest.raises(dg.Failure, match="RuntimeError: injected") as failure:
-        invoke(op_def, db, instance, lease)
+        invoke(op_def, db, lease, instance=instance)
 
     assert failure.value.allow_retries is False
     assert failure.value.metadata["outcome"].value == "retry"
@@ -486,7 +495,7 @@ def test_the_fifth_failure_is_terminal_and_published(db, instance, articles, mon
     monkeypatch.setattr(steps, "scan_page", broken)
     for attempt in range(1, 6):
         with pytest.raises(dg.Failure) as failure:
-            invoke(scan_pages, db, instance, lease_for(db, instance, scan_pages))
+            invoke(scan_pages, db, lease_for(db, instance, scan_pages), instance=instance)
         expected = "failed" if attempt == 5 else "retry"
         assert failure.value.metadata["outcome"].value == expected
         row = coordinator(db.engine, articles)
@@ -500,7 +509,7 @@ def test_the_fifth_failure_is_terminal_and_published(db, instance, articles, mon
         1,
     )
     assert status["last_error_code"] == FAILED_CODE
-    refused = invoke(claim_reconciliation, db, instance, partition_key="articles")
+    refused = invoke(claim_reconciliation, db, instance=instance, partition_key="articles")
     assert_stopped(refused, "failed")
     assert FAILED_CODE in refused.metadata["reason"]
 
@@ -515,7 +524,7 @@ def test_progress_within_a_run_resets_the_attempt_count_before_a_later_failure(
         patch.setattr(steps, "scan_page", broken)
         for _ in range(4):
             with pytest.raises(dg.Failure):
-                invoke(scan_pages, db, instance, lease_for(db, instance, scan_pages))
+                invoke(scan_pages, db, lease_for(db, instance, scan_pages), instance=instance)
             make_due(db.engine, articles)
     assert coordinator(db.engine, articles)["attempt_count"] == 4
     lease = lease_for(db, instance, drain_collection_work)
@@ -523,7 +532,7 @@ def test_progress_within_a_run_resets_the_attempt_count_before_a_later_failure(
     monkeypatch.setattr(walks, "process_due_batch", broken)
 
     with pytest.raises(dg.Failure) as failure:
-        invoke(drain_collection_work, db, instance, lease)
+        invoke(drain_collection_work, db, lease, instance=instance)
 
     assert failure.value.metadata["outcome"].value == "retry"
     row = coordinator(db.engine, articles)
@@ -616,7 +625,7 @@ def test_settle_and_seed_settles_every_coordinator_and_seeds_every_candidate(db,
     mark_failed(db.engine, collections["reset"], target_epoch=0)
     set_status(db.engine, "reset", change_epoch=2)
 
-    result = invoke(settle_and_seed_reconciliations, db, instance)
+    result = invoke(settle_and_seed_reconciliations, db, instance=instance)
 
     assert result.metadata == {
         "inactive": False,
@@ -632,14 +641,14 @@ def test_settle_and_seed_settles_every_coordinator_and_seeds_every_candidate(db,
     assert coordinator(db.engine, collections["reset"])["state"] == "pending"
     for name in ("fresh_a", "fresh_b"):
         assert coordinator(db.engine, collections[name])["state"] == "pending"
-    again = invoke(settle_and_seed_reconciliations, db, instance)
+    again = invoke(settle_and_seed_reconciliations, db, instance=instance)
     assert again.metadata["seeded"] == again.metadata["obsolete_deleted"] == 0
 
 
 def test_settle_and_seed_is_inert_while_capture_is_inactive(db, instance):
     untrusted_collection(db.engine, "articles", ["entry-1"], activate_capture=False)
 
-    result = invoke(settle_and_seed_reconciliations, db, instance)
+    result = invoke(settle_and_seed_reconciliations, db, instance=instance)
 
     assert result.metadata["inactive"] is True
     assert result.metadata["seeded"] == 0
@@ -651,7 +660,7 @@ def test_settle_and_seed_fails_fast_on_a_bug(db, instance, monkeypatch):
     monkeypatch.setattr("media_usage_orchestration.ops.maintenance.settle_reconciliations", broken)
 
     with pytest.raises(dg.Failure, match="RuntimeError: injected") as failure:
-        invoke(settle_and_seed_reconciliations, db, instance)
+        invoke(settle_and_seed_reconciliations, db, instance=instance)
 
     assert failure.value.allow_retries is False
     assert count(db.engine, schema.reconciliations) == 0
@@ -663,7 +672,7 @@ def test_sync_partitions_makes_the_partitions_equal_the_registry(db):
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(PARTITIONS, ["pages", "deleted_one"])
 
-        result = invoke(sync_collection_partitions, db, instance)
+        result = invoke(sync_collection_partitions, db, instance=instance)
 
         assert (result.metadata["added"], result.metadata["removed"]) == (
             "articles",
@@ -671,5 +680,5 @@ def test_sync_partitions_makes_the_partitions_equal_the_registry(db):
         )
         assert result.metadata["collections"] == 2
         assert sorted(instance.get_dynamic_partitions(PARTITIONS)) == ["articles", "pages"]
-        again = invoke(sync_collection_partitions, db, instance)
+        again = invoke(sync_collection_partitions, db, instance=instance)
         assert (again.metadata["added"], again.metadata["removed"]) == ("-", "-")

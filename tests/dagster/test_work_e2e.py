@@ -11,6 +11,7 @@ from dagster._core.remote_origin import (
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from sqlalchemy import text
 
+from media_usage_orchestration import local_runner
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.jobs import media_usage_activation, media_usage_work
 from media_usage_orchestration.media.sources import source_key
@@ -233,7 +234,7 @@ def test_the_run_key_follows_the_due_set_and_the_sensor_skips_when_nothing_is_du
         assert request.tags["media_usage/workflow"] == "work"
         assert request.run_config["ops"]["process_due_work"]["config"]["max_items"] == 1
 
-        result = execute_request(media_usage_work, request, instance, resources)
+        result = execute_request(media_usage_work_sensor, request, instance, resources)
         assert output_metadata(result, "process_due_work")["completed"] == 1
         assert [row["content_id"] for row in all_rows(db.engine, schema.work)] == ["entry-2"]
 
@@ -246,7 +247,7 @@ def test_the_run_key_follows_the_due_set_and_the_sensor_skips_when_nothing_is_du
         moved = evaluate(media_usage_work_sensor, instance, resources)
         assert moved.run_requests[0].run_key not in {request.run_key, after.run_requests[0].run_key}
 
-        execute_request(media_usage_work, moved.run_requests[0], instance, resources)
+        execute_request(media_usage_work_sensor, moved.run_requests[0], instance, resources)
         assert count(db.engine, schema.work) == 0
         done = evaluate(media_usage_work_sensor, instance, resources)
         assert (done.run_requests, done.skip_message) == ([], "no due work")
@@ -313,13 +314,7 @@ def test_after_a_run_fails_or_is_canceled_without_progress_the_key_changes(db):
         request = evaluate(media_usage_work_sensor, instance, resources).run_requests[0]
         with db.engine.begin() as connection:
             connection.execute(text("ALTER TABLE _emdash_media_usage_work RENAME TO moved_work"))
-        failed = media_usage_work.execute_in_process(
-            run_config=request.run_config,
-            instance=instance,
-            resources={"database": resources["database"]},
-            tags={RUN_KEY_TAG: request.run_key},
-            raise_on_error=False,
-        )
+        failed = local_runner.execute_request(instance, resources, media_usage_work.name, request)
         assert not failed.success
         with db.engine.begin() as connection:
             connection.execute(text("ALTER TABLE moved_work RENAME TO _emdash_media_usage_work"))
@@ -345,6 +340,6 @@ def test_after_a_run_fails_or_is_canceled_without_progress_the_key_changes(db):
         after_cancel = evaluate(media_usage_work_sensor, instance, resources).run_requests
         assert after_cancel[0].run_key not in {request.run_key, after_failure[0].run_key}
 
-        done = execute_request(media_usage_work, after_cancel[0], instance, resources)
+        done = execute_request(media_usage_work_sensor, after_cancel[0], instance, resources)
         assert output_metadata(done, "process_due_work")["completed"] == 1
     assert count(db.engine, schema.work) == 0

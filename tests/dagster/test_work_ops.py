@@ -5,11 +5,12 @@ the step at once."""
 import contextlib
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import replace
 
 import dagster as dg
 import psycopg
 import pytest
-from sqlalchemy import create_engine, insert, text, update
+from sqlalchemy import create_engine, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
@@ -35,6 +36,8 @@ from media_usage_orchestration.store.capture_triggers import (
     CaptureIdentity,
     verify_capture_triggers,
 )
+from tests.dagster.ops_support import invoke
+from tests.factories import draft_revision, insert_registry
 from tests.processing.projection_helpers import (
     active_collection,
     canonical_key,
@@ -55,12 +58,9 @@ def _resources(url: str) -> dict:
     return {"database": MediaUsageDatabase(url=url)}
 
 
-def _run_work_op(url: str, **config) -> dict:
+def _run_work_op(db, **config) -> dict:
     """Invoke the op directly; returns its output metadata as plain values."""
-    with dg.build_op_context(resources=_resources(url), op_config=config or None) as context:
-        outputs = list(project_due_work(context))
-    assert len(outputs) == 1
-    return {key: getattr(value, "value", value) for key, value in outputs[0].metadata.items()}
+    return invoke(project_due_work, db, op_config=config).metadata
 
 
 def _counts(metadata: dict) -> dict:
@@ -78,18 +78,9 @@ def _entries(engine, slug: str, count_: int) -> list[str]:
     return content_ids
 
 
-def _broken_draft(db, table: str, slug: str, content_id: str) -> None:
+def _broken_draft(db, slug: str, content_id: str) -> None:
     """A draft revision whose data is not JSON: the snapshot fails (a retryable error)."""
-    with db.engine.begin() as connection:
-        connection.execute(
-            insert(schema.revisions).values(
-                id=f"broken-{content_id}", collection=slug, entry_id=content_id, data="{"
-            )
-        )
-        connection.execute(
-            text(f"UPDATE {table} SET draft_revision_id = :revision WHERE id = :id"),
-            {"revision": f"broken-{content_id}", "id": content_id},
-        )
+    draft_revision(db.engine, slug, content_id, "{", revision_id=f"broken-{content_id}")
 
 
 # --- process_due_work -------------------------------------------------------------------------
@@ -99,7 +90,7 @@ def test_the_item_budget_bounds_one_invocation_and_the_next_one_finishes(db):
     posts = active_collection(db.engine, "posts")
     content_ids = _entries(db.engine, "posts", 7)
 
-    first = _run_work_op(db.url, max_items=3, batch_size=2)
+    first = _run_work_op(db, max_items=3, batch_size=2)
 
     assert _counts(first) == _expected(claimed=3, completed=3)
     assert first["stopped_by"] == "budget"
@@ -107,7 +98,7 @@ def test_the_item_budget_bounds_one_invocation_and_the_next_one_finishes(db):
     projected = [cid for cid in content_ids if find_source(db.engine, canonical_key(posts, cid))]
     assert len(projected) == 3
 
-    second = _run_work_op(db.url)
+    second = _run_work_op(db)
 
     assert _counts(second) == _expected(claimed=4, completed=4)
     assert second["stopped_by"] == "nothing_due"
@@ -121,7 +112,7 @@ def test_a_spent_time_budget_claims_nothing(db):
     active_collection(db.engine, "posts")
     _entries(db.engine, "posts", 2)
 
-    metadata = _run_work_op(db.url, max_seconds=1e-9)
+    metadata = _run_work_op(db, max_seconds=1e-9)
 
     assert _counts(metadata) == _expected()
     assert metadata["stopped_by"] == "budget"
@@ -133,8 +124,8 @@ def test_metadata_counts_every_outcome_and_the_rows_agree(db):
     posts = active_collection(db.engine, "posts")
     for content_id in ("entry-ok", "entry-retry", "entry-failed", "entry-sup"):
         insert_entry(db.engine, "posts", content_id, f"media-{content_id}")
-    _broken_draft(db, posts.table, "posts", "entry-retry")
-    _broken_draft(db, posts.table, "posts", "entry-failed")
+    _broken_draft(db, "posts", "entry-retry")
+    _broken_draft(db, "posts", "entry-failed")
     with db.engine.begin() as connection:
         connection.execute(
             update(schema.work)
@@ -154,11 +145,9 @@ def test_metadata_counts_every_outcome_and_the_rows_agree(db):
     insert_entry(db.engine, "reused", "entry-obs")
     with db.engine.begin() as connection:
         connection.execute(schema.collections.delete().where(schema.collections.c.id == reused.id))
-        connection.execute(
-            insert(schema.collections).values(id="replacement-id", slug="reused", label="Reused")
-        )
+    insert_registry(db.engine, id="replacement-id", slug="reused", label="Reused")
 
-    metadata = _run_work_op(db.url, batch_size=10)
+    metadata = _run_work_op(db, batch_size=10)
 
     assert _counts(metadata) == _expected(
         claimed=6, completed=2, retry=1, failed=1, superseded=1, obsolete=1
@@ -189,7 +178,7 @@ def test_inactive_capture_is_reported_and_nothing_is_claimed(db):
     set_activation(db.engine, "expanded")
     before = snapshot(db.engine, [schema.work, schema.sources, schema.occurrences])
 
-    metadata = _run_work_op(db.url)
+    metadata = _run_work_op(db)
 
     assert _counts(metadata) == _expected()
     assert metadata["stopped_by"] == "inactive"
@@ -203,7 +192,7 @@ def test_a_non_transient_database_error_fails_the_step_without_retries(db):
         connection.execute(text("ALTER TABLE _emdash_media_usage_work RENAME TO moved_work"))
 
     with pytest.raises(dg.Failure) as raised:
-        _run_work_op(db.url)
+        _run_work_op(db)
 
     assert raised.value.allow_retries is False
     assert isinstance(raised.value.__cause__, sa_exc.DBAPIError)
@@ -246,7 +235,7 @@ def test_a_locked_database_propagates_unchanged_for_the_retry_policy(db, monkeyp
         _write_lock_held(db, "_emdash_media_usage_work", monkeypatch) as url,
         pytest.raises(sa_exc.OperationalError) as raised,
     ):
-        _run_work_op(url)
+        _run_work_op(replace(db, url=url))
 
     assert is_transient_database_error(raised.value)
     message = str(raised.value.orig).lower()
@@ -314,11 +303,8 @@ def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, mo
 # --- activate_capture -------------------------------------------------------------------------
 
 
-def _run_activation_op(url: str) -> dict:
-    with dg.build_op_context(resources=_resources(url)) as context:
-        outputs = list(activate_capture(context))
-    assert len(outputs) == 1
-    return {key: getattr(value, "value", value) for key, value in outputs[0].metadata.items()}
+def _run_activation_op(db) -> dict:
+    return invoke(activate_capture, db).metadata
 
 
 def test_activation_captures_every_collection_then_is_an_idempotent_no_op(db):
@@ -326,7 +312,7 @@ def test_activation_captures_every_collection_then_is_an_idempotent_no_op(db):
     created = [writer.create_collection(slug, MEDIA_FIELDS) for slug in ("articles", "pages")]
     assert work_count(db.engine) == 0
 
-    metadata = _run_activation_op(db.url)
+    metadata = _run_activation_op(db)
 
     assert metadata["outcome"] == "active"
     assert metadata["collections_activated"] == 2
@@ -341,7 +327,7 @@ def test_activation_captures_every_collection_then_is_an_idempotent_no_op(db):
     insert_entry(db.engine, "pages", "entry-1")
     assert work_for(db.engine, "entry-1")["state"] == "pending"
 
-    again = _run_activation_op(db.url)
+    again = _run_activation_op(db)
 
     assert (again["outcome"], again["collections_activated"], again["collections"]) == (
         "active",
@@ -357,7 +343,7 @@ def test_activation_held_by_another_owner_fails_without_retries(db):
     before = snapshot(db.engine, [schema.activation, schema.index_status])
 
     with pytest.raises(dg.Failure, match="Another activation holds the lease") as raised:
-        _run_activation_op(db.url)
+        _run_activation_op(db)
 
     assert raised.value.allow_retries is False
     assert one(db.engine, schema.activation)["lease_token"] == token
@@ -370,7 +356,7 @@ def test_a_failed_activation_step_fails_fast_and_is_recorded(db):
         connection.exec_driver_sql('DROP TABLE "ec_broken"')
 
     with pytest.raises(dg.Failure, match="ActivationError") as raised:
-        _run_activation_op(db.url)
+        _run_activation_op(db)
 
     assert raised.value.allow_retries is False
     row = one(db.engine, schema.activation)
@@ -389,7 +375,7 @@ def test_activation_on_a_locked_database_propagates_for_the_retry_policy(db, mon
         _write_lock_held(db, "_emdash_media_usage_activation", monkeypatch) as url,
         pytest.raises(sa_exc.OperationalError) as raised,
     ):
-        _run_activation_op(url)
+        _run_activation_op(replace(db, url=url))
 
     assert is_transient_database_error(raised.value)
     assert activate_capture.retry_policy == TRANSIENT_RETRY_POLICY

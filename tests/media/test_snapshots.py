@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import insert, text
+from sqlalchemy import text
 
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.media.snapshots import SnapshotError, build_content_snapshots
 from media_usage_orchestration.processing.content_reads import load_content_snapshots, load_fields
 from media_usage_orchestration.sample_content import MEDIA_FIELDS
-from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.content import COLLECTION_ID_RESULT
 from media_usage_orchestration.store.engine import read_transaction
+from tests.factories import insert_revision
 from tests.processing.projection_helpers import image
 from tests.support import make_collection
 
@@ -39,12 +39,8 @@ def load(engine, collection_id: str, content_id: str = "entry-1"):
 
 
 def point_draft_at(engine, revision_id: str, data: str, entry_id: str = "entry-1") -> None:
+    insert_revision(engine, id=revision_id, collection="posts", entry_id=entry_id, data=data)
     with engine.begin() as connection:
-        connection.execute(
-            insert(schema.revisions).values(
-                id=revision_id, collection="posts", entry_id=entry_id, data=data
-            )
-        )
         connection.execute(
             text("UPDATE ec_posts SET draft_revision_id = :rid WHERE id = 'entry-1'"),
             {"rid": revision_id},

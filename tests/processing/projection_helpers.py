@@ -3,18 +3,19 @@ captured collection (EmDash's `createActiveFixture`), entries and index lookups.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select
 
 from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec, SubField
 from media_usage_orchestration.media.sources import source_key
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.source_rows import SourceRow
 from media_usage_orchestration.store.source_writes import SourceRepository
+from tests.factories import draft_revision
 from tests.support import IMAGE_ONLY, count, one, set_activation, set_status
+from tests.triggers import create_trigger, drop_trigger
 
 ADMISSION_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("title", "string"),
@@ -95,21 +96,7 @@ def add_measured_draft(
     engine: Engine, collection: Collection, content_id: str, data: dict[str, Any]
 ) -> str:
     """A `revisions` row named `revision-<id>` and the entry pointing at it (a captured write)."""
-    revision_id = f"revision-{content_id}"
-    with engine.begin() as connection:
-        connection.execute(
-            schema.revisions.insert().values(
-                id=revision_id,
-                collection=collection.slug,
-                entry_id=content_id,
-                data=json.dumps(data, separators=(",", ":")),
-            )
-        )
-        connection.execute(
-            text(f"UPDATE {collection.table} SET draft_revision_id = :revision WHERE id = :id"),
-            {"revision": revision_id, "id": content_id},
-        )
-    return revision_id
+    return draft_revision(engine, collection.slug, content_id, data)
 
 
 def canonical_key(collection: Collection, content_id: str, variant: str = "columns") -> str:
@@ -153,38 +140,11 @@ def sql_statements(statements: Sequence[str]) -> list[str]:
 def row_trigger(db, name: str, table: str, body: str, when: str | None = None) -> None:
     """An AFTER INSERT row trigger running `body` (may use NEW.<column>): a concurrent writer
     acting between two statements of the code under test."""
-    with db.engine.begin() as connection:
-        if db.is_postgres:
-            guard = f"IF {when} THEN {body}; END IF;" if when else f"{body};"
-            connection.execute(
-                text(
-                    f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
-                    f"$body$ BEGIN {guard} RETURN NEW; END $body$"
-                )
-            )
-            connection.execute(
-                text(
-                    f"CREATE TRIGGER {name} AFTER INSERT ON {table} "
-                    f"FOR EACH ROW EXECUTE FUNCTION {name}()"
-                )
-            )
-        else:
-            condition = f"WHEN {when} " if when else ""
-            connection.execute(
-                text(
-                    f"CREATE TRIGGER {name} AFTER INSERT ON {table} FOR EACH ROW "
-                    f"{condition}BEGIN {body}; END"
-                )
-            )
+    create_trigger(db.engine, name, table=table, event="AFTER INSERT", action=body, when=when)
 
 
 def drop_row_trigger(db, name: str, table: str) -> None:
-    with db.engine.begin() as connection:
-        if db.is_postgres:
-            connection.execute(text(f"DROP TRIGGER {name} ON {table}"))
-            connection.execute(text(f"DROP FUNCTION {name}()"))
-        else:
-            connection.execute(text(f"DROP TRIGGER {name}"))
+    drop_trigger(db.engine, name, table)
 
 
 def supersede_work_sql(content_id: str) -> str:

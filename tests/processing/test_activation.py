@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import Engine, insert, inspect, select, text, update
+from sqlalchemy import Engine, inspect, select, text, update
 
 from media_usage_orchestration.cms import CmsWriter, FieldSpec
 from media_usage_orchestration.errors import CmsError
@@ -36,6 +36,7 @@ from media_usage_orchestration.store.capture_triggers import (
 from media_usage_orchestration.store.engine import create_database_engine
 from media_usage_orchestration.store.schema import ACTIVATION_KEY
 from media_usage_orchestration.store.status import LifecycleConflictError
+from tests.factories import insert_deletion, insert_registry, insert_status
 from tests.fixtures import FIXTURE_DB
 from tests.support import (
     IMAGE_ONLY,
@@ -50,8 +51,13 @@ from tests.support import (
     snapshot,
     status_row,
 )
+from tests.triggers import create_trigger
 
 FAR_FUTURE = "2100-01-01T00:00:00.000Z"
+STEAL_ACTIVATION_LEASE = (
+    "UPDATE _emdash_media_usage_activation SET lease_token = 'new-owner', "
+    f"lease_expires_at = '{FAR_FUTURE}' WHERE task_key = 'incremental_capture'"
+)
 ACTIVATING = ActivationOutcome.ACTIVATING
 ACTIVE = ActivationOutcome.ACTIVE
 
@@ -104,16 +110,8 @@ def lifecycle(engine: Engine, slug: str) -> dict:
 
 def insert_legacy_status(engine: Engine, slug: str, **values) -> None:
     """A status row as EmDash wrote it before capture existed: no identity, no lifecycle."""
-    row = {
-        "adapter_id": "content-media",
-        "scope_type": "collection",
-        "scope_key": slug,
-        "status": "complete",
-        "updated_at": "2026-08-01T00:00:00.000Z",
-        **values,
-    }
-    with engine.begin() as connection:
-        connection.execute(insert(schema.index_status).values(**row))
+    legacy = {"status": "complete", "updated_at": "2026-08-01T00:00:00.000Z"}
+    insert_status(engine, scope_key=slug, **{**legacy, **values})
 
 
 def delete_status(engine: Engine, slug: str) -> None:
@@ -125,10 +123,8 @@ def delete_status(engine: Engine, slug: str) -> None:
 
 def register_collection_directly(engine: Engine, collection_id: str, slug: str) -> None:
     """A registry row and content table written behind the CMS writer's back."""
+    insert_registry(engine, id=collection_id, slug=slug)
     with engine.begin() as connection:
-        connection.execute(
-            insert(schema.collections).values(id=collection_id, slug=slug, label=slug)
-        )
         schema.create_content_table(connection, slug)
 
 
@@ -458,26 +454,14 @@ def test_a_collection_created_behind_the_cursor_is_picked_up_by_a_new_pass(db):
 def test_a_lease_lost_during_conversion_cannot_finalize(db):
     CmsWriter(db.engine).create_collection("lease_loss", ())
     # Another owner takes the lease the moment the collection becomes active.
-    if db.is_postgres:
-        statements = [
-            "CREATE FUNCTION test_steal_activation_lease() RETURNS trigger LANGUAGE plpgsql "
-            "AS $$ BEGIN UPDATE _emdash_media_usage_activation SET lease_token = 'new-owner', "
-            f"lease_expires_at = '{FAR_FUTURE}' WHERE task_key = 'incremental_capture'; "
-            "RETURN NULL; END; $$",
-            "CREATE TRIGGER test_steal_activation_lease AFTER UPDATE OF capture_state "
-            "ON _emdash_media_usage_index_status FOR EACH ROW "
-            "WHEN (NEW.capture_state = 'active') EXECUTE FUNCTION test_steal_activation_lease()",
-        ]
-    else:
-        statements = [
-            "CREATE TRIGGER test_steal_activation_lease AFTER UPDATE OF capture_state "
-            "ON _emdash_media_usage_index_status WHEN NEW.capture_state = 'active' BEGIN "
-            "UPDATE _emdash_media_usage_activation SET lease_token = 'new-owner', "
-            f"lease_expires_at = '{FAR_FUTURE}' WHERE task_key = 'incremental_capture'; END",
-        ]
-    with db.engine.begin() as connection:
-        for statement in statements:
-            connection.exec_driver_sql(statement)
+    create_trigger(
+        db.engine,
+        "test_steal_activation_lease",
+        table="_emdash_media_usage_index_status",
+        event="AFTER UPDATE OF capture_state",
+        when="NEW.capture_state = 'active'",
+        action=STEAL_ACTIVATION_LEASE,
+    )
 
     assert activate_step(db.engine) == ActivationResult(ActivationOutcome.CONFLICT, ("lease_loss",))
     row = activation_row(db.engine)
@@ -490,21 +474,19 @@ def test_a_lease_lost_during_conversion_cannot_finalize(db):
 
 
 def test_a_claim_taken_over_immediately_leaves_active_collections_alone(db):
-    if db.is_postgres:
-        pytest.skip("the takeover is staged with a SQLite trigger, as upstream does")
     collection = CmsWriter(db.engine).create_collection("takeover", ())
     set_status(db.engine, "takeover", capture_state="installing", reconciliation_required=1)
     with db.engine.begin() as connection:
         install_capture_triggers(connection, CaptureIdentity(collection.id, "takeover"))
     set_status(db.engine, "takeover", capture_state="active")
-    with db.engine.begin() as connection:
-        connection.exec_driver_sql(
-            "CREATE TRIGGER test_steal_activation_claim AFTER UPDATE OF lease_token "
-            "ON _emdash_media_usage_activation "
-            "WHEN NEW.lease_token IS NOT NULL AND NEW.lease_token <> 'new-owner' BEGIN "
-            "UPDATE _emdash_media_usage_activation SET lease_token = 'new-owner', "
-            f"lease_expires_at = '{FAR_FUTURE}' WHERE task_key = 'incremental_capture'; END"
-        )
+    create_trigger(
+        db.engine,
+        "test_steal_activation_claim",
+        table="_emdash_media_usage_activation",
+        event="AFTER UPDATE OF lease_token",
+        when="NEW.lease_token IS NOT NULL AND NEW.lease_token <> 'new-owner'",
+        action=STEAL_ACTIVATION_LEASE,
+    )
 
     assert activate_step(db.engine) == ActivationResult(ActivationOutcome.CONFLICT, ())
     assert status_row(db.engine, "takeover")["capture_state"] == "active"
@@ -605,15 +587,12 @@ def test_collections_created_after_activation_are_captured_and_untrusted(db):
 def test_creation_is_refused_for_a_slug_held_by_a_deletion_tombstone(db):
     assert activate(db.engine)[-1].outcome is ACTIVE
     due = db_now(db.engine)
-    with db.engine.begin() as connection:
-        connection.execute(
-            insert(schema.collection_deletions).values(
-                collection_id="deleted-collection-id",
-                collection_slug="posts",
-                force_delete=0,
-                next_attempt_at=due,
-            )
-        )
+    insert_deletion(
+        db.engine,
+        collection_id="deleted-collection-id",
+        collection_slug="posts",
+        next_attempt_at=due,
+    )
     before = snapshot(db.engine)
 
     with pytest.raises(CmsError) as error:

@@ -38,20 +38,19 @@ from media_usage_orchestration.store.deletions import (
     DeletionRepository,
 )
 from media_usage_orchestration.store.identifiers import InvalidIdentifierError
+from tests.factories import FUTURE, PAST, insert_deletion, insert_registry, of
 from tests.store.deletion_helpers import add_source, expire_lease, ids, set_tombstone
 from tests.support import (
     IMAGE_ONLY,
     all_rows,
     count,
-    insert_rows,
     one,
     set_activation,
     set_status,
     snapshot,
 )
+from tests.triggers import Abort, create_trigger, drop_trigger
 
-LONG_AGO = "2000-01-01T00:00:00.000Z"
-FAR_FUTURE = "2999-01-01T00:00:00.000Z"
 MAX_TICKS = 50
 
 
@@ -98,21 +97,14 @@ def drain(db):
 
 
 def insert_leased_tombstone(db, collection, phase, lease_expires_at):
-    insert_rows(
+    insert_deletion(
         db.engine,
-        schema.collection_deletions,
-        [
-            {
-                "collection_id": collection.id,
-                "collection_slug": collection.slug,
-                "force_delete": 1,
-                "state": "leased",
-                "phase": phase,
-                "next_attempt_at": LONG_AGO,
-                "lease_token": "other-owner",
-                "lease_expires_at": lease_expires_at,
-            }
-        ],
+        **of(collection),
+        force_delete=1,
+        phase=phase,
+        state="leased",
+        lease_token="other-owner",
+        lease_expires_at=lease_expires_at,
     )
 
 
@@ -128,28 +120,17 @@ def remove_registry_row(db, collection):
 
 def refuse_registry_deletes(db):
     """Make any registry delete fail, as a crash in the registry phase would."""
-    statements = (
-        [
-            "CREATE FUNCTION refuse_registry_delete() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$ BEGIN RAISE EXCEPTION 'registry delete refused'; END $$",
-            "CREATE TRIGGER refuse_registry_delete BEFORE DELETE ON _emdash_collections "
-            "FOR EACH ROW EXECUTE FUNCTION refuse_registry_delete()",
-        ]
-        if db.is_postgres
-        else [
-            "CREATE TRIGGER refuse_registry_delete BEFORE DELETE ON _emdash_collections "
-            "BEGIN SELECT RAISE(ABORT, 'registry delete refused'); END"
-        ]
+    create_trigger(
+        db.engine,
+        "refuse_registry_delete",
+        table="_emdash_collections",
+        event="BEFORE DELETE",
+        action=Abort("registry delete refused"),
     )
-    with db.engine.begin() as connection:
-        for statement in statements:
-            connection.exec_driver_sql(statement)
 
 
 def allow_registry_deletes(db):
-    suffix = " ON _emdash_collections" if db.is_postgres else ""
-    with db.engine.begin() as connection:
-        connection.exec_driver_sql(f"DROP TRIGGER refuse_registry_delete{suffix}")
+    drop_trigger(db.engine, "refuse_registry_delete", "_emdash_collections")
 
 
 # --- activated collections --------------------------------------------------------------------
@@ -192,7 +173,7 @@ def test_collection_not_found_is_preserved(db):
 def test_a_live_front_phase_lease_is_a_conflict(activated, cms):
     db = activated
     collection = cms.create_collection("leased", IMAGE_ONLY)
-    insert_leased_tombstone(db, collection, "fence", FAR_FUTURE)
+    insert_leased_tombstone(db, collection, "fence", FUTURE)
     before = snapshot(db.engine)
 
     with pytest.raises(DeletionConflictError) as error:
@@ -360,7 +341,7 @@ def test_the_slug_lock_is_rechecked_after_the_registry_read(db, cms, activation_
         cursor.connection.cursor().execute(
             "INSERT INTO _emdash_media_usage_collection_deletions "
             "(collection_id, collection_slug, force_delete, state, phase, next_attempt_at) "
-            f"VALUES ('old-collection', 'raced', 1, 'pending', 'work', '{LONG_AGO}')"
+            f"VALUES ('old-collection', 'raced', 1, 'pending', 'work', '{PAST}')"
         )
 
     event.listen(db.engine, "after_cursor_execute", insert_tombstone_after_first_lock_check)
@@ -380,11 +361,7 @@ def test_a_replacement_identity_is_an_identity_conflict(activated, cms):
     db = activated
     deleted = cms.create_collection("conflicted", IMAGE_ONLY)
     request_collection_deletion(db.engine, "conflicted", force=True)
-    insert_rows(
-        db.engine,
-        schema.collections,
-        [{"id": "replacement-id", "slug": "conflicted", "label": "Replacement"}],
-    )
+    insert_registry(db.engine, id="replacement-id", slug="conflicted", label="Replacement")
 
     with pytest.raises(DeletionIdentityConflict, match="identity conflict"):
         request_collection_deletion(db.engine, "conflicted", force=True)
@@ -401,7 +378,7 @@ def test_resumes_after_the_fence_committed_before_its_checkpoint(activated, cms)
     db = activated
     collection = cms.create_collection("resuming", IMAGE_ONLY)
     set_status(db.engine, "resuming", capture_state="deleting")
-    insert_leased_tombstone(db, collection, "fence", LONG_AGO)
+    insert_leased_tombstone(db, collection, "fence", PAST)
 
     result = request_collection_deletion(db.engine, "resuming", force=True)
 
@@ -420,7 +397,7 @@ def test_resumes_after_registry_or_table_removal_committed_before_its_checkpoint
     slug = f"resume_{phase}"
     collection = cms.create_collection(slug, IMAGE_ONLY)
     set_status(db.engine, slug, capture_state="deleting")
-    insert_leased_tombstone(db, collection, phase, LONG_AGO)
+    insert_leased_tombstone(db, collection, phase, PAST)
     remove_registry_row(db, collection)
     if phase == "table":
         with db.engine.begin() as connection:
@@ -464,31 +441,31 @@ def test_a_request_path_failure_leaves_the_lease_held_for_the_background(activat
 
 def test_the_tombstone_and_fence_are_persisted_before_registry_and_table_removal(activated, cms):
     db = activated
-    if db.is_postgres:
-        pytest.skip("the ordering probe is a SQLite trigger")
     collection = cms.create_collection("ordered", IMAGE_ONLY)
-    with db.engine.begin() as connection:
-        connection.exec_driver_sql(
-            f"""
-            CREATE TRIGGER assert_collection_deletion_order
-            BEFORE DELETE ON _emdash_collections
-            WHEN OLD.id = '{collection.id}' AND (
-                NOT EXISTS (
-                    SELECT 1 FROM _emdash_media_usage_collection_deletions
-                    WHERE collection_id = OLD.id AND collection_slug = OLD.slug
-                        AND state = 'leased' AND phase = 'registry'
-                )
-                OR NOT EXISTS (
-                    SELECT 1 FROM _emdash_media_usage_index_status
-                    WHERE collection_id = OLD.id AND capture_state = 'deleting'
-                )
-                OR NOT EXISTS (
-                    SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ec_ordered'
-                )
+    table_exists_sql = (
+        "to_regclass('ec_ordered') IS NOT NULL"
+        if db.is_postgres
+        else "EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ec_ordered')"
+    )
+    create_trigger(
+        db.engine,
+        "assert_collection_deletion_order",
+        table="_emdash_collections",
+        event="BEFORE DELETE",
+        when=f"""OLD.id = '{collection.id}' AND (
+            NOT EXISTS (
+                SELECT 1 FROM _emdash_media_usage_collection_deletions
+                WHERE collection_id = OLD.id AND collection_slug = OLD.slug
+                    AND state = 'leased' AND phase = 'registry'
             )
-            BEGIN SELECT RAISE(ABORT, 'collection deletion order violated'); END
-            """
-        )
+            OR NOT EXISTS (
+                SELECT 1 FROM _emdash_media_usage_index_status
+                WHERE collection_id = OLD.id AND capture_state = 'deleting'
+            )
+            OR NOT ({table_exists_sql})
+        )""",
+        action=Abort("collection deletion order violated"),
+    )
 
     request_collection_deletion(db.engine, "ordered", force=True)
 

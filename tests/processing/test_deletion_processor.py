@@ -42,17 +42,19 @@ from media_usage_orchestration.store.deletions import (
     DeletionPhase,
     DeletionRepository,
 )
+from tests import factories
+from tests.factories import PAST
 from tests.store.deletion_helpers import expire_lease, ids, set_tombstone
 from tests.support import (
     IMAGE_ONLY,
     count,
-    insert_rows,
+    db_now,
     one,
     recorded_statements,
     set_activation,
 )
+from tests.triggers import IGNORE, create_trigger
 
-LONG_AGO = "2000-01-01T00:00:00.000Z"
 FAILED_CODE = "MEDIA_USAGE_COLLECTION_DELETION_FAILED"
 PROGRESS = DeletionTickOutcome.PROGRESS
 
@@ -65,65 +67,43 @@ def run_tick(db) -> DeletionTickResult:
 
 
 def insert_deletion(db, collection_id, slug, phase, **values):
-    row = {
-        "collection_id": collection_id,
-        "collection_slug": slug,
-        "force_delete": 1,
-        "state": "pending",
-        "phase": phase,
-        "next_attempt_at": LONG_AGO,
-    }
-    insert_rows(db.engine, schema.collection_deletions, [{**row, **values}])
+    factories.insert_deletion(
+        db.engine,
+        collection_id=collection_id,
+        collection_slug=slug,
+        force_delete=1,
+        phase=phase,
+        **values,
+    )
 
 
 def insert_status(db, collection_id, slug, capture_state="deleting"):
-    insert_rows(
-        db.engine,
-        schema.index_status,
-        [
-            {
-                "adapter_id": "content-media",
-                "scope_type": "collection",
-                "scope_key": slug,
-                "collection_id": collection_id,
-                "status": "stale",
-                "capture_state": capture_state,
-            }
-        ],
+    factories.insert_status(
+        db.engine, scope_key=slug, collection_id=collection_id, capture_state=capture_state
     )
 
 
 def insert_source(db, source_key, collection_id, slug, occurrence_count=0):
     """A source as EmDash's test writes it: identity_version left NULL."""
-    insert_rows(
+    generation = "generation-old"
+    factories.insert_source(
         db.engine,
-        schema.sources,
-        [
-            {
-                "source_key": source_key,
-                "source_type": "content",
-                "collection_id": collection_id,
-                "collection_slug": slug,
-                "content_id": "entry",
-                "source_variant": "columns",
-                "current_generation": "generation-old",
-            }
-        ],
+        source_key,
+        collection_id=collection_id,
+        collection_slug=slug,
+        content_id="entry",
+        current_generation=generation,
+        identity_version=None,
     )
-    insert_rows(
+    factories.insert_occurrences(
         db.engine,
-        schema.occurrences,
         [
             {
-                "id": f"usage-{index:03d}",
                 "source_key": source_key,
-                "generation": "generation-old",
-                "field_slug": "hero",
+                "index": index,
+                "generation": generation,
                 "field_path": f"hero[{index}]",
-                "occurrence_index": index,
                 "reference_type": "local",
-                "media_id": f"media-{index}",
-                "provider_asset_id": f"media-{index}",
             }
             for index in range(occurrence_count)
         ],
@@ -131,19 +111,23 @@ def insert_source(db, source_key, collection_id, slug, occurrence_count=0):
 
 
 def insert_work(db, collection_id, slug, content_ids):
-    insert_rows(
+    factories.insert_works(
         db.engine,
-        schema.work,
-        [
-            {
-                "collection_id": collection_id,
-                "collection_slug": slug,
-                "content_id": content_id,
-                "change_epoch": 1,
-                "next_attempt_at": LONG_AGO,
-            }
-            for content_id in content_ids
-        ],
+        [{"content_id": content_id} for content_id in content_ids],
+        collection_id=collection_id,
+        collection_slug=slug,
+    )
+
+
+def lose_updates(db, name, when):
+    """Tombstone state changes matching `when` silently do not happen (a lost update)."""
+    create_trigger(
+        db.engine,
+        name,
+        table=schema.collection_deletions.name,
+        event="BEFORE UPDATE OF state",
+        when=when,
+        action=IGNORE,
     )
 
 
@@ -192,17 +176,8 @@ def test_bounded_exact_id_cleanup_resumes_and_removes_the_tombstone_last(db, sou
     insert_source(db, "old-source", "old-id", "articles", occurrence_count=55)
     insert_source(db, "legacy-source", None, "articles")
     insert_source(db, "replacement-source", "replacement-id", "articles")
-    insert_rows(
-        db.engine,
-        schema.reconciliations,
-        [
-            {
-                "collection_id": "old-id",
-                "collection_slug": "articles",
-                "run_token": "run",
-                "next_attempt_at": LONG_AGO,
-            }
-        ],
+    factories.insert_reconciliation(
+        db.engine, collection_id="old-id", collection_slug="articles", run_token="run"
     )
 
     first = run_tick(db)
@@ -331,7 +306,7 @@ def test_five_consecutive_phase_failures_become_visible(db):
             delay = seconds_between(state["updated_at"], state["next_attempt_at"])
             assert delay == pytest.approx(DELETION_RETRY.delay_seconds(attempt - 1), abs=1)
             assert run_tick(db) == DeletionTickResult(0, 0, DeletionTickOutcome.IDLE)
-            set_tombstone(db.engine, "failed-id", next_attempt_at=LONG_AGO)
+            set_tombstone(db.engine, "failed-id", next_attempt_at=PAST)
 
     state = deletion_state(db, "failed-id")
     assert (state["state"], state["phase"], state["attempt_count"], state["last_error_code"]) == (
@@ -378,17 +353,13 @@ def test_inspects_at_most_four_candidates_and_claims_at_most_one(db):
 
 
 def test_tries_the_next_due_candidate_after_a_claim_race(db):
-    if db.is_postgres:
-        pytest.skip("RAISE(IGNORE) triggers are SQLite's")
     insert_deletion(db, "first-id", "first", "work")
     insert_deletion(db, "second-id", "second", "work")
-    with db.engine.begin() as connection:
-        connection.exec_driver_sql(
-            "CREATE TRIGGER lose_first_collection_deletion_claim "
-            "BEFORE UPDATE OF state ON _emdash_media_usage_collection_deletions "
-            "WHEN OLD.collection_id = 'first-id' AND NEW.state = 'leased' "
-            "BEGIN SELECT RAISE(IGNORE); END"
-        )
+    lose_updates(
+        db,
+        "lose_first_collection_deletion_claim",
+        "OLD.collection_id = 'first-id' AND NEW.state = 'leased'",
+    )
 
     result = run_tick(db)
 
@@ -398,33 +369,20 @@ def test_tries_the_next_due_candidate_after_a_claim_race(db):
 
 
 def test_every_lost_claim_is_claim_lost(db):
-    if db.is_postgres:
-        pytest.skip("RAISE(IGNORE) triggers are SQLite's")
     insert_deletion(db, "first-id", "first", "work")
-    with db.engine.begin() as connection:
-        connection.exec_driver_sql(
-            "CREATE TRIGGER lose_every_claim "
-            "BEFORE UPDATE OF state ON _emdash_media_usage_collection_deletions "
-            "WHEN NEW.state = 'leased' BEGIN SELECT RAISE(IGNORE); END"
-        )
+    lose_updates(db, "lose_every_claim", "NEW.state = 'leased'")
 
     assert run_tick(db) == DeletionTickResult(1, 0, DeletionTickOutcome.CLAIM_LOST)
 
 
 def test_a_lost_handoff_is_claim_lost_and_uses_database_time(db):
-    if db.is_postgres:
-        pytest.skip("RAISE(IGNORE) triggers are SQLite's")
     insert_deletion(db, "clock-id", "clock", "work")
-    with db.engine.begin() as connection:
-        connection.exec_driver_sql(
-            "CREATE TRIGGER interrupt_collection_deletion_release "
-            "BEFORE UPDATE OF state ON _emdash_media_usage_collection_deletions "
-            "WHEN OLD.collection_id = 'clock-id' AND NEW.state = 'pending' "
-            "BEGIN SELECT RAISE(IGNORE); END"
-        )
-        database_now = connection.exec_driver_sql(
-            "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-        ).scalar_one()
+    lose_updates(
+        db,
+        "interrupt_collection_deletion_release",
+        "OLD.collection_id = 'clock-id' AND NEW.state = 'pending'",
+    )
+    database_now = db_now(db.engine)
 
     assert run_tick(db) == DeletionTickResult(1, 1, DeletionTickOutcome.CLAIM_LOST)
     state = deletion_state(db, "clock-id")
@@ -449,7 +407,7 @@ def test_find_due_is_one_statement(db):
                 "work",
                 state=state,
                 lease_token=f"lease-{index}" if state == "leased" else None,
-                lease_expires_at=LONG_AGO if due_column == "lease_expires_at" else None,
+                lease_expires_at=PAST if due_column == "lease_expires_at" else None,
             )
 
     with recorded_statements(db.engine) as sent:
@@ -673,7 +631,7 @@ def test_record_phase_failure_retries_then_fails_and_an_operator_retry_reopens(d
     assert record_phase_failure(db.engine, claim, error.value) is DeletionTickOutcome.RETRY
     assert claim_due_deletion(db.engine, "op-id") is None  # not due for 240 s
 
-    set_tombstone(db.engine, "op-id", next_attempt_at=LONG_AGO)
+    set_tombstone(db.engine, "op-id", next_attempt_at=PAST)
     claim = claim_due_deletion(db.engine, "op-id")
     assert record_phase_failure(db.engine, claim) is DeletionTickOutcome.FAILED
     state = deletion_state(db, "op-id")

@@ -21,6 +21,7 @@ from media_usage_orchestration.processing.work import process_due_work
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store import status as status_store
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
+from tests.factories import insert_source, of
 from tests.processing.projection_helpers import canonical_key, find_source
 from tests.processing.reconciliation_helpers import (
     claimed,
@@ -31,7 +32,6 @@ from tests.processing.reconciliation_helpers import (
     untrusted_collection,
     work_rows,
 )
-from tests.store.reconciliation_helpers import insert_source
 from tests.support import db_now, set_activation
 
 RESOURCE_LIMIT = "MEDIA_USAGE_RESOURCE_LIMIT"
@@ -44,8 +44,8 @@ def historical_collection(db):
     assert refresh_content_for_work(db.engine, collection.id, "articles", "historical").success
     insert_source(
         db.engine,
-        collection,
         canonical_key(collection, "quarantined"),
+        **of(collection),
         content_id="quarantined",
         current_generation="legacy-generation",
         identity_version=None,

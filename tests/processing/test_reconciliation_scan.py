@@ -18,6 +18,7 @@ from media_usage_orchestration.processing.reconciliation.model import (
 )
 from media_usage_orchestration.processing.reconciliation.steps import scan_page
 from media_usage_orchestration.store import schema
+from tests.factories import PAST, insert_work, of
 from tests.processing.reconciliation_helpers import (
     FINGERPRINT_PATTERN,
     claimed,
@@ -29,7 +30,6 @@ from tests.processing.reconciliation_helpers import (
     untrusted_collection,
     work_rows,
 )
-from tests.store.reconciliation_helpers import PAST, insert_work_row
 from tests.support import NO_MEDIA, db_now, set_activation
 
 ENTRIES = entry_ids(51)
@@ -38,13 +38,18 @@ ENTRIES = entry_ids(51)
 def scan_collection(db):
     """51 entries with an image; `entry-001` failed at epoch 0, `entry-002` at epoch 99."""
     collection = untrusted_collection(db.engine, "articles", ENTRIES, activate_capture=False)
-    insert_work_row(
-        db.engine, collection, "entry-001", state="failed", last_error_code="OLD_FAILURE"
-    )
-    insert_work_row(
+    insert_work(
         db.engine,
-        collection,
-        "entry-002",
+        **of(collection),
+        content_id="entry-001",
+        change_epoch=0,
+        state="failed",
+        last_error_code="OLD_FAILURE",
+    )
+    insert_work(
+        db.engine,
+        **of(collection),
+        content_id="entry-002",
         state="failed",
         change_epoch=99,
         last_error_code="NEWER_FAILURE",

@@ -40,6 +40,7 @@ from media_usage_orchestration.store.reconciliations import (
     ReconciliationRepository,
     WorkBarrierState,
 )
+from tests.factories import insert_source, insert_work, of
 from tests.processing.projection_helpers import canonical_key
 from tests.processing.reconciliation_helpers import (
     captured_collection,
@@ -55,7 +56,6 @@ from tests.processing.reconciliation_helpers import (
     untrusted_collection,
     work_rows,
 )
-from tests.store.reconciliation_helpers import insert_source, insert_work_row
 from tests.support import NO_MEDIA, count, db_now, set_activation, set_status
 
 ADVANCED = ReconciliationOutcome.ADVANCED
@@ -350,7 +350,7 @@ def test_steps_walk_a_run_from_claim_to_complete_coverage(db):
     claim = prepared(db, collection)
     assert scan_all(db, claim) == [ScanOutcome.ADVANCED] * 2 + [ScanOutcome.EXHAUSTED]
     assert work_processing.process_due_batch(db.engine, 100).completed_count == 55
-    insert_source(db.engine, collection, canonical_key(collection, "gone"), content_id="gone")
+    insert_source(db.engine, canonical_key(collection, "gone"), **of(collection), content_id="gone")
 
     entered = enter_sources(db.engine, claim)
     assert entered.outcome is ADVANCED and entered.claim.phase == "sources"
@@ -501,7 +501,9 @@ def test_failed_work_fails_the_run_when_entering_sources(db):
 
 def test_an_invalid_canonical_source_fails_the_run_terminally(db):
     collection = untrusted_collection(db.engine, "articles")
-    insert_source(db.engine, collection, canonical_key(collection, "odd"), source_variant="other")
+    insert_source(
+        db.engine, canonical_key(collection, "odd"), **of(collection), source_variant="other"
+    )
     claim = prepared(db, collection)
     assert scan_page(db.engine, claim) is ScanOutcome.EXHAUSTED
     assert enter_sources(db.engine, claim).outcome is ADVANCED
@@ -523,7 +525,7 @@ def test_without_media_fields_every_canonical_source_gets_work(db):
     collection = untrusted_collection(db.engine, "plain", ["entry-1", "entry-2"], NO_MEDIA)
     for content_id in ("entry-1", "entry-2", "gone"):
         key = canonical_key(collection, content_id)
-        insert_source(db.engine, collection, key, content_id=content_id)
+        insert_source(db.engine, key, **of(collection), content_id=content_id)
     claim = prepared(db, collection)
     assert scan_page(db.engine, claim) is ScanOutcome.EXHAUSTED
     assert enter_sources(db.engine, claim).outcome is ADVANCED
@@ -649,7 +651,7 @@ def test_settle_is_inert_while_capture_is_inactive(db):
 
 def test_the_tick_reports_the_collection_it_touched(db):
     collection = untrusted_collection(db.engine, "articles", ["entry-1"])
-    insert_work_row(db.engine, collection, "entry-1")
+    insert_work(db.engine, **of(collection), content_id="entry-1", change_epoch=0)
     set_activation(db.engine)
 
     first = process_due_reconciliation(db.engine)

@@ -16,6 +16,7 @@ from media_usage_orchestration.processing.work import WorkBatchResult, process_d
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.work import WorkLease, WorkRepository
 from tests.conftest import TestDatabase
+from tests.factories import insert_revision
 from tests.processing.projection_helpers import (
     active_collection,
     add_measured_draft,
@@ -31,6 +32,7 @@ from tests.processing.projection_helpers import (
     work_for,
 )
 from tests.support import backdate, recorded_statements
+from tests.triggers import create_trigger
 
 POSTS_ID = "01J0POSTS0000000000000000A"
 PAGES_ID = "01J0PAGES0000000000000000B"
@@ -88,13 +90,11 @@ def build_mixed_batch(database: TestDatabase) -> None:
     writer.delete_entry("posts", "deleted-1")
     writer.update_entry("posts", "trashed-1", {"deleted_at": "2026-08-03T00:00:00.000Z"})
     add_measured_draft(engine, POSTS, "draft-1", {"hero": image("media-draft-1"), "_slug": "draft"})
+    insert_revision(
+        engine, id="broken-revision", collection="posts", entry_id="broken-draft-1", data="{"
+    )
     content = schema.content_table("posts")
     with engine.begin() as connection:
-        connection.execute(
-            schema.revisions.insert().values(
-                id="broken-revision", collection="posts", entry_id="broken-draft-1", data="{"
-            )
-        )
         for content_id, draft in (("draft-gone-1", None), ("broken-draft-1", "broken-revision")):
             connection.execute(
                 update(content).where(content.c.id == content_id).values(draft_revision_id=draft)
@@ -350,30 +350,14 @@ def audit_completions(database: TestDatabase) -> None:
                 "(content_id TEXT, work_version BIGINT, state TEXT, lease_token TEXT)"
             )
         )
-        insert = (
-            "INSERT INTO test_completed (content_id, work_version, state, lease_token) "
-            "VALUES (OLD.content_id, OLD.work_version, OLD.state, OLD.lease_token)"
-        )
-        if database.is_postgres:
-            connection.execute(
-                text(
-                    "CREATE FUNCTION test_audit() RETURNS trigger LANGUAGE plpgsql AS "
-                    f"$body$ BEGIN {insert}; RETURN OLD; END $body$"
-                )
-            )
-            connection.execute(
-                text(
-                    "CREATE TRIGGER test_audit AFTER DELETE ON _emdash_media_usage_work "
-                    "FOR EACH ROW EXECUTE FUNCTION test_audit()"
-                )
-            )
-        else:
-            connection.execute(
-                text(
-                    "CREATE TRIGGER test_audit AFTER DELETE ON _emdash_media_usage_work "
-                    f"FOR EACH ROW BEGIN {insert}; END"
-                )
-            )
+    create_trigger(
+        database.engine,
+        "test_audit",
+        table="_emdash_media_usage_work",
+        event="AFTER DELETE",
+        action="INSERT INTO test_completed (content_id, work_version, state, lease_token) "
+        "VALUES (OLD.content_id, OLD.work_version, OLD.state, OLD.lease_token)",
+    )
 
 
 @pytest.mark.slow

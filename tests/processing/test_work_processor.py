@@ -6,7 +6,7 @@ import random
 import threading
 
 import pytest
-from sqlalchemy import delete, insert, text, update
+from sqlalchemy import delete, text, update
 
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.processing.retry_policy import WORK_RETRY
@@ -21,6 +21,7 @@ from media_usage_orchestration.processing.work import (
 )
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store import status as status_store
+from tests.factories import draft_revision, insert_registry
 from tests.processing.projection_helpers import (
     active_collection,
     canonical_key,
@@ -170,17 +171,7 @@ def test_a_superseded_projection_keeps_the_work_and_redelivery_is_a_no_op(db):
 def test_snapshot_failures_retry_then_fail_terminally_and_publish_partial(db):
     news = active_collection(db.engine, "news")
     insert_entry(db.engine, "news", "entry-1")
-    with db.engine.begin() as connection:
-        connection.execute(
-            insert(schema.revisions).values(
-                id="broken-revision", collection="news", entry_id="entry-1", data="{"
-            )
-        )
-        connection.execute(
-            text(
-                f"UPDATE {news.table} SET draft_revision_id = 'broken-revision' WHERE id = 'entry-1'"
-            )
-        )
+    draft_revision(db.engine, "news", "entry-1", "{", revision_id="broken-revision")
 
     assert process_work_after_write(db.engine, "news", "entry-1") is WorkOutcome.RETRY
     work = work_for(db.engine, "entry-1")
@@ -237,11 +228,9 @@ def test_work_of_a_replaced_collection_is_obsolete_and_projects_nothing(db):
     insert_entry(db.engine, "reused_slug", "entry-1")
     with db.engine.begin() as connection:
         connection.execute(delete(schema.collections).where(schema.collections.c.id == original.id))
-        connection.execute(
-            insert(schema.collections).values(
-                id="replacement-collection-id", slug="reused_slug", label="Replacement"
-            )
-        )
+    insert_registry(
+        db.engine, id="replacement-collection-id", slug="reused_slug", label="Replacement"
+    )
 
     result = process_due_work(db.engine)
 

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.ops.deletion import fence
 from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.sensors import media_usage_collection_deletion_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.capture_triggers import CAPTURE_INACTIVE_MESSAGE
 from media_usage_orchestration.store.deletions import DeletionPhase
@@ -31,7 +32,6 @@ from tests.dagster.deletion_support import (
     deletion_run_config,
     execute_requested,
     failure_of,
-    invoke,
     leftovers,
     run_deletion_job,
     run_request_job,
@@ -40,6 +40,8 @@ from tests.dagster.deletion_support import (
     step_outcomes,
     tick,
 )
+from tests.dagster.ops_support import invoke
+from tests.dagster.sensor_loop import drain, resources
 from tests.store.deletion_helpers import add_source, claimed, expire_lease, ids
 from tests.support import (
     IMAGE_ONLY,
@@ -230,16 +232,8 @@ def _require_postgres(db):
 
 
 def _drain(db, instance):
-    runs = []
-    for _ in range(5):
-        requests = tick(db, instance).run_requests
-        if not requests:
-            return runs
-        for request in requests:
-            result = execute_requested(db, instance, request)
-            assert result.success
-            runs.append(result)
-    raise AssertionError("the deletion sensor kept asking for runs")
+    sensor = media_usage_collection_deletion_sensor
+    return drain(instance, resources(db), [sensor], max_rounds=5).of(sensor)
 
 
 def test_after_the_fence_commits_a_content_write_is_rejected_by_the_capture_trigger(

@@ -14,7 +14,14 @@ from media_usage_orchestration.store.deletions import (
     DeletionRecord,
     DeletionRepository,
 )
-from tests.support import backdate, insert_rows
+from tests.factories import (
+    insert_occurrences,
+    insert_reconciliation,
+    insert_source,
+    insert_works,
+    of,
+)
+from tests.support import backdate
 
 LEASE_SECONDS = 300
 FIXED_TIME = "2026-01-01T00:00:00.000Z"
@@ -69,20 +76,12 @@ def set_tombstone(engine: Engine, collection_id: str, **values) -> None:
 def add_work(
     engine: Engine, collection: Collection, content_ids: Iterable[str], state: str = "pending"
 ) -> None:
-    insert_rows(
+    insert_works(
         engine,
-        schema.work,
-        [
-            {
-                "collection_id": collection.id,
-                "collection_slug": collection.slug,
-                "content_id": content_id,
-                "change_epoch": 1,
-                "state": state,
-                "next_attempt_at": FIXED_TIME,
-            }
-            for content_id in content_ids
-        ],
+        [{"content_id": content_id} for content_id in content_ids],
+        **of(collection),
+        state=state,
+        next_attempt_at=FIXED_TIME,
     )
 
 
@@ -95,54 +94,27 @@ def add_source(
     identity_version: int | None = 1,
     occurrence_ids: Iterable[str] = (),
 ) -> None:
-    insert_rows(
+    insert_source(
         engine,
-        schema.sources,
-        [
-            {
-                "source_key": source_key,
-                "source_type": "content",
-                "collection_slug": collection_slug,
-                "content_id": "entry-000",
-                "source_variant": "columns",
-                "current_generation": "gen-1",
-                "collection_id": collection_id,
-                "identity_version": identity_version,
-            }
-        ],
+        source_key,
+        collection_id=collection_id,
+        collection_slug=collection_slug,
+        content_id="entry-000",
+        current_generation="gen-1",
+        identity_version=identity_version,
     )
-    insert_rows(
+    insert_occurrences(
         engine,
-        schema.occurrences,
         [
-            {
-                "id": occurrence_id,
-                "source_key": source_key,
-                "generation": "gen-1",
-                "field_slug": "hero",
-                "field_path": "hero",
-                "occurrence_index": index,
-                "reference_type": "image_field",
-                "media_id": f"media-{index}",
-                "provider_asset_id": f"media-{index}",
-            }
+            {"source_key": source_key, "index": index, "id": occurrence_id, "generation": "gen-1"}
             for index, occurrence_id in enumerate(occurrence_ids)
         ],
     )
 
 
 def add_reconciliation(engine: Engine, collection: Collection) -> None:
-    insert_rows(
-        engine,
-        schema.reconciliations,
-        [
-            {
-                "collection_id": collection.id,
-                "collection_slug": collection.slug,
-                "run_token": f"run-{collection.slug}",
-                "next_attempt_at": FIXED_TIME,
-            }
-        ],
+    insert_reconciliation(
+        engine, **of(collection), run_token=f"run-{collection.slug}", next_attempt_at=FIXED_TIME
     )
 
 

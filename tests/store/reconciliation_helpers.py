@@ -15,13 +15,10 @@ from media_usage_orchestration.store.reconciliations import (
     ReconciliationClaim,
     ReconciliationRepository,
 )
-from tests.support import IMAGE_ONLY, insert_rows, make_collection, one, set_activation
+from tests.support import IMAGE_ONLY, make_collection, one, set_activation
 
-PAST = "2000-01-01T00:00:00.000Z"
-FUTURE = "2999-01-01T00:00:00.000Z"
 FINGERPRINT = "media-usage-fields:v1:sha256:" + "a" * 64
 OTHER_FINGERPRINT = "media-usage-fields:v1:sha256:" + "b" * 64
-ULID_PATTERN = r"^[0-9A-HJKMNP-TV-Z]{26}$"
 
 
 def seed_and_claim(
@@ -60,49 +57,3 @@ def reload_claim(engine, claim: ReconciliationClaim) -> ReconciliationClaim:
 
 def reconciliation_row(engine, collection_id: str) -> dict[str, Any] | None:
     return one(engine, schema.reconciliations, collection_id=collection_id)
-
-
-def insert_work_row(engine, collection: Collection, content_id: str, **overrides: Any) -> None:
-    row = {
-        "collection_id": collection.id,
-        "collection_slug": collection.slug,
-        "content_id": content_id,
-        "change_epoch": 0,
-        "work_version": 1,
-        "state": "pending",
-        "attempt_count": 0,
-        "next_attempt_at": PAST,
-        **overrides,
-    }
-    insert_rows(engine, schema.work, [row])
-
-
-def insert_source(engine, collection: Collection, source_key: str, **overrides: Any) -> None:
-    """A canonical content source (identity_version 1) unless overridden."""
-    row = {
-        "source_key": source_key,
-        "source_type": "content",
-        "collection_slug": collection.slug,
-        "collection_id": collection.id,
-        "content_id": source_key.split(":")[-1],
-        "source_variant": "columns",
-        "current_generation": "generation-1",
-        "identity_version": 1,
-        **overrides,
-    }
-    insert_rows(engine, schema.sources, [row])
-
-
-def insert_tombstone(engine, collection: Collection) -> None:
-    insert_rows(
-        engine,
-        schema.collection_deletions,
-        [
-            {
-                "collection_id": collection.id,
-                "collection_slug": collection.slug,
-                "force_delete": 0,
-                "next_attempt_at": PAST,
-            }
-        ],
-    )

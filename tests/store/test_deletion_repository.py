@@ -4,7 +4,7 @@ repository's lease transitions, the back-phase statements, the slug lock and bad
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import insert, inspect
+from sqlalchemy import inspect
 from sqlalchemy.exc import IntegrityError
 
 from media_usage_orchestration.cms import CmsWriter
@@ -23,6 +23,7 @@ from media_usage_orchestration.store.deletions import (
     is_slug_deleting,
 )
 from media_usage_orchestration.store.leases import LeaseState
+from tests.factories import insert_deletion
 from tests.store.deletion_helpers import (
     LEASE_SECONDS,
     add_reconciliation,
@@ -214,14 +215,9 @@ def test_create_tombstone_refuses_a_conflicting_identity(db, posts, repo):
 def test_collection_slug_is_unique_in_the_table(db, posts):
     tombstone(db.engine, posts)
     stamp = db_now(db.engine)
-    with pytest.raises(IntegrityError), db.engine.begin() as connection:
-        connection.execute(
-            insert(schema.collection_deletions).values(
-                collection_id="another-id",
-                collection_slug="posts",
-                force_delete=0,
-                next_attempt_at=stamp,
-            )
+    with pytest.raises(IntegrityError):
+        insert_deletion(
+            db.engine, collection_id="another-id", collection_slug="posts", next_attempt_at=stamp
         )
 
 

@@ -22,19 +22,24 @@ from media_usage_orchestration.store.reconciliations import (
     WorkBarrierState,
     find_due_statement,
 )
+from tests.factories import (
+    FUTURE,
+    PAST,
+    backing_off,
+    insert_deletion,
+    insert_source,
+    insert_work,
+    of,
+)
 from tests.store.reconciliation_helpers import (
     FINGERPRINT,
     OTHER_FINGERPRINT,
-    PAST,
-    ULID_PATTERN,
-    insert_source,
-    insert_tombstone,
-    insert_work_row,
     reconciliation_row,
     reload_claim,
     seed_and_claim,
     start_scan,
 )
+from tests.store.work_helpers import ULID_PATTERN
 from tests.support import (
     all_rows,
     assert_same_statement_time,
@@ -121,7 +126,7 @@ def test_installing_complete_deleting_and_unbound_collections_are_never_seeded(d
     make_collection(db.engine, "inactive", capture_state="installing")
     make_collection(db.engine, "complete", reconciliation_required=0, status="complete")
     make_collection(db.engine, "deleting", capture_state="deleting")
-    insert_tombstone(db.engine, make_collection(db.engine, "tombstoned"))
+    insert_deletion(db.engine, **of(make_collection(db.engine, "tombstoned")))
     make_collection(db.engine, "drifted")
     set_status(db.engine, "drifted", collection_id="not-the-registry-id")
     set_activation(db.engine)
@@ -175,7 +180,7 @@ def test_claim_requires_active_current_undeleted_collection(db, change):
     if change == "inactive_activation":
         set_activation(db.engine, "expanded")
     elif change == "tombstone":
-        insert_tombstone(db.engine, collection)
+        insert_deletion(db.engine, **of(collection))
     else:
         set_status(db.engine, "articles", collection_id="other-id")
 
@@ -406,7 +411,7 @@ def test_finish_failed_coverage_reports_failed_without_an_index(db):
 def test_finish_failed_coverage_reports_partial_over_a_canonical_index(db):
     collection, claim = seed_and_claim(db.engine)
     repository = ReconciliationRepository(db.engine)
-    insert_source(db.engine, collection, "content:articles:entry-000")
+    insert_source(db.engine, "content:articles:entry-000", **of(collection))
     start_scan(db.engine, claim)
     assert repository.record_failure(
         collection.id, claim.run_token, claim.lease_token, FAILED_CODE, 0, terminal=True
@@ -418,7 +423,7 @@ def test_finish_failed_coverage_reports_partial_over_a_canonical_index(db):
 def test_legacy_sources_do_not_make_coverage_partial(db):
     collection, claim = seed_and_claim(db.engine)
     repository = ReconciliationRepository(db.engine)
-    insert_source(db.engine, collection, "legacy:entry-000", identity_version=None)
+    insert_source(db.engine, "legacy:entry-000", **of(collection), identity_version=None)
     start_scan(db.engine, claim)
     assert repository.record_failure(
         collection.id, claim.run_token, claim.lease_token, FAILED_CODE, 0, terminal=True
@@ -432,12 +437,26 @@ def test_entry_failure_is_refused_without_failed_work_and_reports_the_first_work
     repository = ReconciliationRepository(db.engine)
     _epoch, claim = start_scan(db.engine, claim)
     assert repository.record_entry_failure(claim) is False
-    insert_work_row(db.engine, collection, "entry-000")
+    insert_work(db.engine, **of(collection), content_id="entry-000", change_epoch=0)
     assert repository.record_entry_failure(claim) is False
     assert repository.find_work_barrier(collection.id) == WorkBarrier(WorkBarrierState.PENDING)
 
-    insert_work_row(db.engine, collection, "entry-009", state="failed", last_error_code="LATE")
-    insert_work_row(db.engine, collection, "entry-005", state="failed", last_error_code="FIRST")
+    insert_work(
+        db.engine,
+        **of(collection),
+        content_id="entry-009",
+        change_epoch=0,
+        state="failed",
+        last_error_code="LATE",
+    )
+    insert_work(
+        db.engine,
+        **of(collection),
+        content_id="entry-005",
+        change_epoch=0,
+        state="failed",
+        last_error_code="FIRST",
+    )
     assert repository.find_work_barrier(collection.id) == WorkBarrier(
         WorkBarrierState.FAILED, "FIRST"
     )
@@ -459,7 +478,7 @@ def test_entry_failure_without_a_work_code_keeps_the_entry_failed_code(db):
     collection, claim = seed_and_claim(db.engine)
     repository = ReconciliationRepository(db.engine)
     _epoch, claim = start_scan(db.engine, claim)
-    insert_work_row(db.engine, collection, "entry-001", state="failed")
+    insert_work(db.engine, **of(collection), content_id="entry-001", change_epoch=0, state="failed")
     assert repository.find_work_barrier(collection.id).error_code == (
         "MEDIA_USAGE_PROCESSING_FAILED"
     )
@@ -483,7 +502,7 @@ def test_finalize_coverage_guards_then_delete_finalized(db):
     assert not repository.finalize_coverage(claim, epoch, OTHER_FINGERPRINT)
     assert not repository.finalize_coverage(claim, epoch + 1, FINGERPRINT)
     assert not repository.finalize_coverage(replace(claim, lease_token="stale"), epoch, FINGERPRINT)
-    insert_work_row(db.engine, collection, "entry-000", change_epoch=epoch)
+    insert_work(db.engine, **of(collection), content_id="entry-000", change_epoch=epoch)
     assert not repository.finalize_coverage(claim, epoch, FINGERPRINT)
     with db.engine.begin() as connection:
         connection.execute(schema.work.delete())
@@ -514,7 +533,7 @@ def test_finalize_coverage_is_refused_without_a_live_sources_claim(db, change):
             db.engine, schema.reconciliations, "lease_expires_at", 1, collection_id=collection.id
         )
     elif change == "tombstone":
-        insert_tombstone(db.engine, collection)
+        insert_deletion(db.engine, **of(collection))
     else:
         set_reconciliation(db, collection.id, phase="scan")
     assert not repository.finalize_coverage(claim, epoch, FINGERPRINT)
@@ -525,7 +544,7 @@ def test_transition_to_sources_waits_for_every_work_row(db):
     collection, claim = seed_and_claim(db.engine)
     repository = ReconciliationRepository(db.engine)
     epoch, claim = start_scan(db.engine, claim)
-    insert_work_row(db.engine, collection, "entry-000", change_epoch=epoch + 5)
+    insert_work(db.engine, **of(collection), content_id="entry-000", change_epoch=epoch + 5)
     assert not repository.transition_to_sources(claim, epoch, FINGERPRINT, None)
     with db.engine.begin() as connection:
         connection.execute(schema.work.delete())
@@ -647,7 +666,7 @@ def test_operator_retry_reopens_failed_retrying_and_expired_rows(db):
     assert repository.retry_failed_by_operator(collection.id).outcome is (
         OperatorRetryOutcome.PENDING
     )
-    set_reconciliation(db, collection.id, state="retry", next_attempt_at="2999-01-01T00:00:00.000Z")
+    set_reconciliation(db, collection.id, **backing_off(until=FUTURE))
     assert repository.retry_failed_by_operator(collection.id).outcome is (
         OperatorRetryOutcome.PENDING
     )

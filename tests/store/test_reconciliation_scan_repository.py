@@ -14,10 +14,9 @@ from media_usage_orchestration.store.reconciliations import (
     SourceCandidate,
 )
 from media_usage_orchestration.store.work import WorkRepository
+from tests.factories import insert_source, insert_work, of
 from tests.store.reconciliation_helpers import (
     FINGERPRINT,
-    insert_source,
-    insert_work_row,
     reconciliation_row,
     reload_claim,
     seed_and_claim,
@@ -73,9 +72,14 @@ def work_by_id(db, collection) -> dict[str, dict]:
 
 def test_scan_pages_enqueue_work_at_the_run_epoch_and_checkpoint(db):
     collection = entries_collection(db)
-    insert_work_row(db.engine, collection, "entry-001", state="failed", change_epoch=0)
-    insert_work_row(
-        db.engine, collection, "entry-002", state="failed", change_epoch=99, last_error_code="KEEP"
+    insert_work(db.engine, **of(collection), content_id="entry-001", state="failed", change_epoch=0)
+    insert_work(
+        db.engine,
+        **of(collection),
+        content_id="entry-002",
+        state="failed",
+        change_epoch=99,
+        last_error_code="KEEP",
     )
     _collection, claim = seed_and_claim_existing(db, collection)
     repository = ReconciliationRepository(db.engine)
@@ -201,12 +205,12 @@ def _sources_fixture(db):
     collection, claim = seed_and_claim(db.engine, "posts")
     other = make_collection(db.engine, "pages")
     for number in range(5):
-        insert_source(db.engine, collection, f"content:posts:entry-{number:03d}")
+        insert_source(db.engine, f"content:posts:entry-{number:03d}", **of(collection))
     insert_source(
-        db.engine, collection, "content:posts:entry-001:draft", source_variant="draft_overlay"
+        db.engine, "content:posts:entry-001:draft", **of(collection), source_variant="draft_overlay"
     )
-    insert_source(db.engine, collection, "content:posts:zz-legacy", identity_version=None)
-    insert_source(db.engine, other, "content:posts:zzz-other-collection")
+    insert_source(db.engine, "content:posts:zz-legacy", **of(collection), identity_version=None)
+    insert_source(db.engine, "content:posts:zzz-other-collection", **of(other))
     return collection, claim
 
 
@@ -222,8 +226,8 @@ def test_source_pages_walk_canonical_sources_only(db):
     claim = reload_claim(db.engine, claim)
     assert claim.phase is ReconciliationPhase.SOURCES
     # Published mid-walk below the upper key: still visited, nothing beyond it is.
-    insert_source(db.engine, collection, "content:posts:entry-003x")
-    insert_source(db.engine, collection, "content:posts:entry-005")
+    insert_source(db.engine, "content:posts:entry-003x", **of(collection))
+    insert_source(db.engine, "content:posts:entry-005", **of(collection))
 
     keys: list[str] = []
     previous = None

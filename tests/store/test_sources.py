@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import delete, insert, text, update
+from sqlalchemy import delete, text, update
 
 from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.processing.content_reads import load_content_snapshots
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.engine import read_transaction
 from media_usage_orchestration.store.source_writes import SourceRepository
+from tests.factories import insert_occurrences, insert_revision
 from tests.processing.projection_helpers import image, total_rows
 from tests.support import count, make_collection
 
@@ -73,12 +74,8 @@ def test_an_unchanged_projection_is_not_rewritten(db, posts):
 )
 def test_a_stale_snapshot_is_never_published(db, posts, change):
     (columns,) = snapshots(db.engine, posts)
+    insert_revision(db.engine, id="rev-2")
     with db.engine.begin() as connection:
-        connection.execute(
-            insert(schema.revisions).values(
-                id="rev-2", collection="posts", entry_id="entry-1", data="{}"
-            )
-        )
         connection.execute(text(change))
     repository = SourceRepository(db.engine)
 
@@ -92,12 +89,8 @@ def test_a_stale_snapshot_is_never_published(db, posts, change):
 
 
 def test_the_current_revision_is_published(db, posts):
+    insert_revision(db.engine, id="rev-2")
     with db.engine.begin() as connection:
-        connection.execute(
-            insert(schema.revisions).values(
-                id="rev-2", collection="posts", entry_id="entry-1", data="{}"
-            )
-        )
         connection.execute(
             text("UPDATE ec_posts SET live_revision_id = 'rev-2' WHERE id = 'entry-1'")
         )
@@ -174,22 +167,23 @@ def test_a_guarded_delete_of_a_changed_source_reports_it(db, posts):
 
 def test_deletion_measurement_reads_at_most_one_row_past_the_limit(db, posts):
     generation = "01GENERATION00000000000000"
-    rows = [
-        {
-            "id": f"occ-{index:02d}",
-            "source_key": "content:x:entry:columns",
-            "generation": generation,
-            "field_slug": "hero",
-            "field_path": f"hero[{index}]",
-            "reference_type": "image_field",
-            "media_id": "é",
-            "provider": "local",
-            "provider_asset_id": "é",
-        }
-        for index in range(20)
-    ]
-    with db.engine.begin() as connection:
-        connection.execute(insert(schema.occurrences), rows)
+    insert_occurrences(
+        db.engine,
+        [
+            {
+                "source_key": "content:x:entry:columns",
+                "index": index,
+                "id": f"occ-{index:02d}",
+                "generation": generation,
+                "field_path": f"hero[{index}]",
+                "occurrence_index": 0,
+                "media_id": "é",
+                "provider": "local",
+                "provider_asset_id": "é",
+            }
+            for index in range(20)
+        ],
+    )
     repository = SourceRepository(db.engine)
 
     over = repository.measure_source_generation_deletion("content:x:entry:columns", generation)

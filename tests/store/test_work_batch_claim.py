@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import event
 
 from media_usage_orchestration.store.work import WorkRepository, _walk_due_indexes_in_order
-from tests.store.work_helpers import insert_works
+from tests.factories import insert_works
 
 DUE_INDEX = "idx__emdash_media_usage_work_due"
 LEASE_INDEX = "idx__emdash_media_usage_work_lease"

@@ -21,7 +21,8 @@ from media_usage_orchestration.store.work import (
     OperatorWorkItem,
     WorkRepository,
 )
-from tests.store.work_helpers import after_epoch_bump, insert_work, insert_works, read_work
+from tests.factories import insert_work, insert_works
+from tests.store.work_helpers import after_epoch_bump, read_work
 from tests.support import make_collection, set_status, snapshot, status_row
 
 STATES = ("pending", "retry", "leased", "failed")

@@ -11,7 +11,8 @@ import pytest
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.leases import LeaseState
 from media_usage_orchestration.store.work import WorkRecord, WorkRepository
-from tests.store.work_helpers import insert_work, insert_works, read_work
+from tests.factories import insert_work, insert_works
+from tests.store.work_helpers import read_work
 from tests.support import count
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from sqlalchemy import insert, update
+from sqlalchemy import update
 from sqlalchemy.engine import make_url
 
 from media_usage_orchestration.store import schema
@@ -23,16 +23,18 @@ from media_usage_orchestration.store.work import (
     WorkRepository,
     due_rows_statement,
 )
-from tests.store.work_helpers import (
+from tests.factories import (
     FUTURE,
     PAST,
-    ULID_PATTERN,
+    expired,
+    insert_deletion,
+    insert_reconciliation,
     insert_work,
     insert_works,
-    lease,
-    read_work,
-    update_work,
+    leased,
+    of,
 )
+from tests.store.work_helpers import ULID_PATTERN, lease, read_work, update_work
 from tests.support import (
     all_rows,
     backdate,
@@ -268,10 +270,8 @@ def insert_due_mix(engine) -> None:
             {"content_id": "retry-due", "state": "retry", "next_attempt_at": PAST},
             {
                 "content_id": "lease-expired",
-                "state": "leased",
                 "next_attempt_at": FUTURE,
-                "lease_token": "expired-owner",
-                "lease_expires_at": "1999-01-01T00:00:00.000Z",
+                **expired("expired-owner", expired_at="1999-01-01T00:00:00.000Z"),
             },
             {"content_id": "pending-future", "next_attempt_at": FUTURE},
             {
@@ -281,10 +281,8 @@ def insert_due_mix(engine) -> None:
             },
             {
                 "content_id": "lease-live",
-                "state": "leased",
                 "next_attempt_at": PAST,
-                "lease_token": "live-owner",
-                "lease_expires_at": FUTURE,
+                **leased("live-owner", expires_at=FUTURE),
             },
         ],
     )
@@ -374,21 +372,15 @@ def owned_run(db):
     collection = make_collection(
         db.engine, "posts", status="running", cursor=RUN_TOKEN, change_epoch=TARGET_EPOCH
     )
-    lease_expires_at = db_now(db.engine, 60)
-    with db.engine.begin() as connection:
-        connection.execute(
-            insert(schema.reconciliations).values(
-                collection_id=collection.id,
-                collection_slug="posts",
-                run_token=RUN_TOKEN,
-                target_epoch=TARGET_EPOCH,
-                state="leased",
-                phase="scan",
-                next_attempt_at=PAST,
-                lease_token=RECONCILIATION_LEASE,
-                lease_expires_at=lease_expires_at,
-            )
-        )
+    insert_reconciliation(
+        db.engine,
+        **of(collection),
+        run_token=RUN_TOKEN,
+        target_epoch=TARGET_EPOCH,
+        phase="scan",
+        next_attempt_at=PAST,
+        **leased(RECONCILIATION_LEASE, seconds=60),
+    )
     return collection
 
 
@@ -437,9 +429,7 @@ def test_enqueue_reopens_older_work_and_leaves_current_or_newer_work_alone(db, r
                 "collection_id": owned_run.id,
                 "content_id": "older-leased",
                 "change_epoch": 3,
-                "state": "leased",
-                "lease_token": "previous-owner",
-                "lease_expires_at": FUTURE,
+                **leased("previous-owner", expires_at=FUTURE),
             },
             {
                 "collection_id": owned_run.id,
@@ -491,15 +481,7 @@ def _status(**values):
 
 
 def _tombstone(db, collection):
-    with db.engine.begin() as connection:
-        connection.execute(
-            insert(schema.collection_deletions).values(
-                collection_id=collection.id,
-                collection_slug="posts",
-                force_delete=0,
-                next_attempt_at=PAST,
-            )
-        )
+    insert_deletion(db.engine, **of(collection), force_delete=0, next_attempt_at=PAST)
 
 
 def _rename_registry(db, collection):
@@ -768,7 +750,7 @@ BAD_CALLS = [
 
 @pytest.mark.parametrize(("call", "message"), BAD_CALLS)
 def test_bad_input_is_rejected_before_any_sql(db, repo, call, message):
-    insert_work(db.engine, state="leased", lease_token="token", lease_expires_at=FUTURE)
+    insert_work(db.engine, **leased("token", expires_at=FUTURE))
     insert_work(db.engine, content_id="entry-2", change_epoch=0)
     before = snapshot(db.engine)
     with pytest.raises(ValueError, match=message):

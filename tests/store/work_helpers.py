@@ -1,49 +1,18 @@
-"""Builders for work-table states shared by the work repository tests."""
+"""Reading and changing work rows in the work repository tests (rows are built with
+`tests.factories`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, insert, text, update
+from sqlalchemy import Engine, update
 
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.work import WorkLease
 from tests.support import one
+from tests.triggers import create_trigger
 
-PAST = "2000-01-01T00:00:00.000Z"
-FUTURE = "2999-01-01T00:00:00.000Z"
 ULID_PATTERN = r"^[0-9A-HJKMNP-TV-Z]{26}$"
-
-
-def work_row(**overrides: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "collection_id": "collection-1",
-        "collection_slug": "posts",
-        "content_id": "entry-1",
-        "change_epoch": 1,
-        "work_version": 1,
-        "state": "pending",
-        "attempt_count": 0,
-        "next_attempt_at": PAST,
-        "lease_token": None,
-        "lease_expires_at": None,
-        "last_attempted_at": None,
-        "last_error_code": None,
-    }
-    row.update(overrides)
-    return row
-
-
-def insert_work(engine: Engine, **overrides: Any) -> dict[str, Any]:
-    row = work_row(**overrides)
-    with engine.begin() as connection:
-        connection.execute(insert(schema.work).values(**row))
-    return row
-
-
-def insert_works(engine: Engine, rows: list[dict[str, Any]]) -> None:
-    with engine.begin() as connection:
-        connection.execute(insert(schema.work), [work_row(**row) for row in rows])
 
 
 def update_work(engine: Engine, values: dict[str, Any], **where: Any) -> int:
@@ -66,25 +35,10 @@ def lease(token: str, work_version: int = 1, content_id: str = "entry-1") -> Wor
 def after_epoch_bump(db, name: str, statement: str) -> None:
     """Run `statement` (which may use NEW.<column>) inside every change_epoch bump of a status
     row: a concurrent writer acting between two statements of the code under test."""
-    table = schema.index_status.name
-    with db.engine.begin() as connection:
-        if db.is_postgres:
-            connection.execute(
-                text(
-                    f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
-                    f"$body$ BEGIN {statement}; RETURN NULL; END $body$"
-                )
-            )
-            connection.execute(
-                text(
-                    f"CREATE TRIGGER {name} AFTER UPDATE OF change_epoch ON {table} "
-                    f"FOR EACH ROW EXECUTE FUNCTION {name}()"
-                )
-            )
-        else:
-            connection.execute(
-                text(
-                    f"CREATE TRIGGER {name} AFTER UPDATE OF change_epoch ON {table} "
-                    f"BEGIN {statement}; END"
-                )
-            )
+    create_trigger(
+        db.engine,
+        name,
+        table=schema.index_status.name,
+        event="AFTER UPDATE OF change_epoch",
+        action=statement,
+    )
