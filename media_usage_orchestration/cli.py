@@ -212,9 +212,11 @@ def demo(database_url: str | None, dagster_home: Path) -> None:
     every collection is covered, an edit wave, a forced collection deletion."""
     from .demo import run_demo
 
+    url = database_url or default_database_url()
+    _engine(url)  # an unusable URL is bad usage here, and the error handler knows the URL
     # The demo styles its own lines with markup; every value it prints is its own.
     demo_console = Console(width=_WIDTH)
-    sys.exit(run_demo(database_url or default_database_url(), demo_console, dagster_home))
+    sys.exit(run_demo(url, demo_console, dagster_home))
 
 
 @main.command()
