@@ -30,8 +30,10 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError
 
 from . import sample_content
 from .cms import CmsWriter, Collection
@@ -40,7 +42,7 @@ from .processing.reconciliation.driver import run_to_completion
 from .processing.reconciliation.model import ReconciliationOutcome
 from .processing.verify import verify_index
 from .processing.work import process_due_batch, process_due_work
-from .store.engine import create_database_engine, normalize_url, redacted_url
+from .store.engine import create_database_engine, normalize_url, redacted_url, scrubbed
 from .store.schema import index_status, install_schema
 
 COLLECTION_SLUG = "articles"
@@ -94,7 +96,7 @@ def fresh_database(database_url: str | None, keep: bool) -> Iterator[str]:
         with _temporary_sqlite(keep) as url:
             yield url
         return
-    parsed = normalize_url(database_url)
+    parsed = _usable_url(database_url)
     if parsed.get_backend_name() == "sqlite":
         if Path(parsed.database).exists():
             raise click.ClickException(f"{parsed.database} exists; the bench needs a new file")
@@ -102,6 +104,16 @@ def fresh_database(database_url: str | None, keep: bool) -> Iterator[str]:
         return
     with _temporary_schema(parsed, keep) as url:
         yield url
+
+
+def _usable_url(database_url: str) -> URL:
+    """The URL, or bad usage (exit 2) without its password; a database error later goes
+    through the command line's one error handler (exit 1, one line)."""
+    try:
+        return normalize_url(database_url)
+    except (ArgumentError, ValueError) as error:
+        message = scrubbed(str(error), database_url)
+        raise click.BadParameter(message, param_hint="'--database-url'") from None
 
 
 @contextlib.contextmanager
@@ -322,7 +334,7 @@ def bench(
     if workload == "work" and mode == "dagster" and work_path == "tick":
         raise click.UsageError("Dagster's work job runs the batch path; use --path batch")
     with fresh_database(database_url, keep) as url:
-        console.print(f"bench database: [bold]{redacted_url(url)}[/]")
+        console.print(f"bench database: [bold]{escape(redacted_url(url))}[/]")
         if workload == "reconcile":
             result = run_reconcile(url, entries, mode)
         else:

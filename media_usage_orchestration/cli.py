@@ -5,120 +5,111 @@ not reopen, a database error); 2 bad usage (click's usage errors, and every inpu
 service refuses: unknown collection, malformed cursor, limit out of range). Every verb takes
 `--database-url` (env MEDIA_USAGE_DATABASE_URL); the password is never printed, not even in
 a database error. Listings take `--json` and then print only JSON on stdout.
+
+Verbs that only read (status, verify, the listings) open the database read-only: a SQLite
+file is never created, converted to WAL or otherwise changed, and a missing one is bad usage.
+Every value that comes from the database or the command line is printed literally, never
+read as Rich markup or terminal control sequences.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import re
 import sys
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, quote_plus
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .bench import bench
-from .console import coverage_table, items_table
+from .console import add_row, coverage_table, items_table, literal
 from .processing import operator
 from .processing.verify import VerifyReport, verify_index
 from .store import schema
 from .store.engine import (
     DATABASE_URL_ENV,
     ArgumentError,
-    DBAPIError,
+    DatabaseFileError,
     Engine,
     SQLAlchemyError,
     create_database_engine,
+    database_error_message,
     default_database_url,
-    is_missing_table,
-    make_url,
     redacted_url,
+    scrubbed,
 )
 from .store.leases import LeaseState
 from .store.outcomes import OperatorRetryOutcome
 
 # Piped or logged output is not cut at rich's default 80 columns: the status table is wider.
-console = Console(width=None if sys.stdout.isatty() else 160)
+_WIDTH = None if sys.stdout.isatty() else 160
+# No markup: the verbs print values from the database and the command line, which must never
+# style, hide or link anything. The verbs' own emphasis is passed as Text styles instead.
+console = Console(width=_WIDTH, markup=False)
 
 EXIT_PROBLEM = 1
 _DATABASE_URL_META = "media_usage.database_url"
-_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]+@")
-_PASSWORD_SETTING = re.compile(r"(password\s*=\s*)\S+", re.IGNORECASE)
+_URL_HINT = "'--database-url'"
 _STATES = [state.value for state in LeaseState]
 
 
 # --- database URL and errors ------------------------------------------------------------------
 
 
-def _passwords_of(url: str) -> list[str]:
-    try:
-        password = make_url(url).password
-    except Exception:  # an unparsable URL has no password we could find
-        return []
-    if not password:
-        return []
-    # Longest first, so a password that contains another spelling of itself is hidden whole.
-    spellings = {password, quote_plus(password), quote(password, safe="")}
-    return sorted(spellings, key=len, reverse=True)
-
-
-def scrubbed(message: str, url: str | None) -> str:
-    """An error message as it may be shown: without the database password, wherever it
-    appears (inside the URL, alone, or as a `password=` setting quoted by a driver)."""
-    if url:
-        message = message.replace(url, redacted_url(url))
-        for password in _passwords_of(url):
-            message = message.replace(password, "***")
-    message = _URL_PASSWORD.sub(r"\1***@", message)
-    return _PASSWORD_SETTING.sub(r"\1***", message)
-
-
-def _engine(url: str | None) -> Engine:
+def _engine(url: str | None, *, read_only: bool = False) -> Engine:
+    """The verb's engine; `read_only` for verbs that only look (nothing is created)."""
     url = url or default_database_url()
     # Kept for the error handler below, which must hide this URL's password.
     context = click.get_current_context()
     context.meta[_DATABASE_URL_META] = url
     try:
-        engine = create_database_engine(url)
+        engine = create_database_engine(url, read_only=read_only)
     except (ArgumentError, ValueError) as error:
-        raise click.BadParameter(scrubbed(str(error), url), param_hint="'--database-url'") from None
+        raise click.BadParameter(scrubbed(str(error), url), param_hint=_URL_HINT) from None
     context.call_on_close(engine.dispose)
     return engine
 
 
+@contextlib.contextmanager
+def _reported_errors(ctx: click.Context) -> Iterator[None]:
+    """The one error handler of every verb: refused operator input and an unusable SQLite
+    file (missing for a verb that only reads) exit 2 like any usage error; a database error exits 1 with one line, scrubbed of the URL's secrets (never a
+    traceback, never the SQL or its values)."""
+    try:
+        yield
+    except operator.OperatorInputError as error:
+        raise click.UsageError(str(error), ctx) from None
+    except DatabaseFileError as error:
+        url = ctx.meta.get(_DATABASE_URL_META)
+        raise click.BadParameter(scrubbed(str(error), url), ctx, param_hint=_URL_HINT) from None
+    except SQLAlchemyError as error:
+        message = scrubbed(database_error_message(error), ctx.meta.get(_DATABASE_URL_META))
+        raise click.ClickException(message) from None
+
+
 class _OperatorCommand(click.Command):
-    """Refused operator input exits 2 like any usage error; a database error exits 1 with
-    its message scrubbed of the password."""
-
     def invoke(self, ctx: click.Context) -> Any:
-        try:
+        with _reported_errors(ctx):
             return super().invoke(ctx)
-        except operator.OperatorInputError as error:
-            raise click.UsageError(str(error), ctx) from None
-        except SQLAlchemyError as error:
-            message = scrubbed(database_error_message(error), ctx.meta.get(_DATABASE_URL_META))
-            raise click.ClickException(message) from None
-
-
-def database_error_message(error: SQLAlchemyError) -> str:
-    """The driver's own first line (not the SQL, which only repeats what the verb reads)."""
-    original = getattr(error, "orig", None) or error
-    lines = str(original).strip().splitlines() or [""]
-    message = f"Database error ({type(original).__name__}): {lines[0]}"
-    if isinstance(error, DBAPIError) and is_missing_table(error):
-        message += "; is the schema installed? Run `media-usage init`"
-    return message
 
 
 class _OperatorGroup(click.Group):
+    """Its own commands report errors in their context; commands defined elsewhere (`bench`)
+    go through the same handler here."""
+
     command_class = _OperatorCommand
     group_class = type  # subgroups are operator groups too
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _reported_errors(ctx):
+            return super().invoke(ctx)
 
 
 def database_url_option(function: Callable) -> Callable:
@@ -150,6 +141,11 @@ def _print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2))
 
 
+def _echo(line: str, *, err: bool = False) -> None:
+    """A plain line that may quote values: their control characters shown as escapes."""
+    click.echo(literal(line).plain, err=err)
+
+
 def _exit_problem() -> None:
     sys.exit(EXIT_PROBLEM)
 
@@ -178,9 +174,13 @@ def init(database_url: str | None) -> None:
     engine = _engine(database_url)
     with engine.begin() as connection:
         added = schema.install_schema(connection)
-    console.print(f"[bold]{redacted_url(engine.url)}[/]: {len(added)} objects added")
+    console.print(
+        Text.assemble(
+            (literal(redacted_url(engine.url)).plain, "bold"), f": {len(added)} objects added"
+        )
+    )
     for item in added:
-        console.print(f"  + {item}")
+        console.print(literal(f"  + {item}"))
 
 
 @main.command()
@@ -189,14 +189,14 @@ def init(database_url: str | None) -> None:
 def status(database_url: str | None, as_json: bool) -> None:
     """Show every collection's coverage, index and work. Exit 1 when any collection waits for
     an operator: failed work, or failed coverage."""
-    statuses = operator.collection_statuses(_engine(database_url))
+    statuses = operator.collection_statuses(_engine(database_url, read_only=True))
     if as_json:
         _print_json([dataclasses.asdict(each) for each in statuses])
     else:
         console.print(coverage_table(statuses))
     waiting = [each.collection_slug for each in statuses if each.needs_operator]
     if waiting:
-        click.echo(f"Failed work or coverage waits for a retry: {', '.join(waiting)}", err=True)
+        _echo(f"Failed work or coverage waits for a retry: {', '.join(waiting)}", err=True)
         _exit_problem()
 
 
@@ -214,7 +214,11 @@ def demo(database_url: str | None, dagster_home: Path) -> None:
     every collection is covered, an edit wave, a forced collection deletion."""
     from .demo import run_demo
 
-    sys.exit(run_demo(database_url or default_database_url(), console, dagster_home))
+    url = database_url or default_database_url()
+    _engine(url)  # an unusable URL is bad usage here, and the error handler knows the URL
+    # The demo styles its own lines with markup; every value it prints is its own.
+    demo_console = Console(width=_WIDTH)
+    sys.exit(run_demo(url, demo_console, dagster_home))
 
 
 @main.command()
@@ -231,7 +235,7 @@ def verify(
     database_url: str | None, collection_slugs: tuple[str, ...], limit: int, as_json: bool
 ) -> None:
     """Recompute the index from the content and compare; exit 1 on any drift."""
-    engine = _engine(database_url)
+    engine = _engine(database_url, read_only=True)
     for slug in collection_slugs:
         operator.registered_collection_id(engine, slug)
     report = verify_index(engine, collection_slugs or None)
@@ -256,9 +260,13 @@ def _print_verify_report(report: VerifyReport, limit: int) -> None:
     console.print(verify_summary_table(report))
     if report.has_drift:
         console.print(verify_differences_table(report, limit))
-        console.print(f"[bold red]{len(report.differences)} differences[/]")
+        console.print(f"{len(report.differences)} differences", style="bold red")
     else:
-        console.print("[bold green]No drift[/]: the index equals what extraction computes.")
+        console.print(
+            Text.assemble(
+                ("No drift", "bold green"), ": the index equals what extraction computes."
+            )
+        )
 
 
 # --- operator verbs ---------------------------------------------------------------------------
@@ -286,7 +294,7 @@ def work_list(
 ) -> None:
     """A page of a collection's work, newest first (never versions or lease tokens)."""
     page = operator.list_work(
-        _engine(database_url), collection, state=state, limit=limit, cursor=cursor
+        _engine(database_url, read_only=True), collection, state=state, limit=limit, cursor=cursor
     )
     _print_page(f"Work of {collection}", page.items, page.next_cursor, as_json, WORK_COLUMNS)
 
@@ -319,7 +327,7 @@ def work_retry(
     if as_json:
         _print_json(bulk.as_dict())
     else:
-        click.echo(_bulk_message(bulk))
+        _echo(_bulk_message(bulk))
     if not bulk.succeeded:
         _exit_problem()
 
@@ -341,7 +349,8 @@ def deletions_list(
     state: str, limit: int, cursor: str | None, database_url: str | None, as_json: bool
 ) -> None:
     """A page of deletion tombstones in one state, newest first (never lease tokens)."""
-    page = operator.list_deletions(_engine(database_url), state=state, limit=limit, cursor=cursor)
+    engine = _engine(database_url, read_only=True)
+    page = operator.list_deletions(engine, state=state, limit=limit, cursor=cursor)
     title = f"Collection deletions ({state})"
     _print_page(title, page.items, page.next_cursor, as_json, DELETION_COLUMNS)
 
@@ -371,7 +380,7 @@ def reconciliations() -> None:
 @json_option
 def reconciliations_list(database_url: str | None, as_json: bool) -> None:
     """Every collection's reconciliation: state, phase, attempts, next attempt, lease expiry."""
-    items = operator.list_reconciliations(_engine(database_url))
+    items = operator.list_reconciliations(_engine(database_url, read_only=True))
     _print_page("Reconciliations", items, None, as_json, RECONCILIATION_COLUMNS)
 
 
@@ -439,11 +448,11 @@ def _print_page(
         _print_json({"items": rows, "next_cursor": next_cursor})
         return
     if not items:
-        click.echo(f"{title}: none")
+        _echo(f"{title}: none")
         return
     console.print(items_table(title, items, columns))
     if next_cursor:
-        click.echo(f"More: --cursor {next_cursor}")
+        _echo(f"More: --cursor {next_cursor}")
 
 
 def _retry_explanation(report: operator.RetryReport) -> str:
@@ -461,7 +470,7 @@ def _finish_retry(what: str, report: operator.RetryReport, as_json: bool) -> Non
     if as_json:
         _print_json(report.as_dict())
     else:
-        click.echo(f"{what}: {report.outcome.value} ({_retry_explanation(report)})")
+        _echo(f"{what}: {report.outcome.value} ({_retry_explanation(report)})")
     if not report.succeeded:
         _exit_problem()
 
@@ -479,12 +488,13 @@ def verify_summary_table(report: VerifyReport) -> Table:
     for header in ("collection", "entries", "sources", "abandoned rows", "pending work"):
         table.add_column(header)
     for summary in report.collections:
-        table.add_row(
+        add_row(
+            table,
             summary.collection_slug,
-            str(summary.entry_count),
-            str(summary.source_count),
-            str(summary.abandoned_occurrence_count),
-            str(summary.pending_work_count),
+            summary.entry_count,
+            summary.source_count,
+            summary.abandoned_occurrence_count,
+            summary.pending_work_count,
         )
     return table
 
@@ -498,11 +508,12 @@ def verify_differences_table(report: VerifyReport, limit: int) -> Table:
     for header in ("collection", "entry", "source", "detail"):
         table.add_column(header, overflow="fold")
     for difference in shown:
-        table.add_row(
+        add_row(
+            table,
             difference.kind.value,
             difference.collection_slug,
-            difference.content_id or "-",
-            difference.source_key or "-",
+            difference.content_id or None,
+            difference.source_key or None,
             difference.detail,
         )
     return table

@@ -2,21 +2,43 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from .processing import operator
 from .store.engine import Engine
 
 
-def _cell(value: Any) -> str:
+def literal(value: Any) -> Text:
+    """A value as printed text: never markup, control characters shown as escapes (an ESC
+    from the database could otherwise recolour the terminal or print a live link)."""
+    text = str(value)
+    if any(unicodedata.category(character) == "Cc" for character in text):
+        text = "".join(_visible(character) for character in text)
+    return Text(text)
+
+
+def _visible(character: str) -> str:
+    if unicodedata.category(character) != "Cc":
+        return character
+    return character.encode("unicode_escape").decode("ascii")
+
+
+def _cell(value: Any) -> Text:
     if value is None:
-        return "-"
+        return literal("-")
     if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
+        return literal("yes" if value else "no")
+    return literal(value)
+
+
+def add_row(table: Table, *values: Any) -> None:
+    """Every cell through `_cell`: a value is never read as markup."""
+    table.add_row(*map(_cell, values))
 
 
 STATUS_COLUMNS = {
@@ -36,11 +58,11 @@ STATUS_COLUMNS = {
 
 def items_table(title: str, items: Sequence[Any], columns: Mapping[str, str]) -> Table:
     """One row per item; `columns` maps each header to the item's field."""
-    table = Table(title=title)
+    table = Table(title=literal(title))
     for index, header in enumerate(columns):
         table.add_column(header, overflow="fold", no_wrap=index == 0)
     for item in items:
-        table.add_row(*(_cell(getattr(item, name)) for name in columns.values()))
+        add_row(table, *(getattr(item, name) for name in columns.values()))
     return table
 
 

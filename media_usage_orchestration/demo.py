@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -71,7 +72,7 @@ def run_demo(
     _refuse_a_foreign_instance(dagster_home)
     engine = _prepare_database(url, console)
     _write_content(engine, collections)
-    console.print(f"Demo database: [bold]{redacted_url(engine.url)}[/]")
+    console.print(f"Demo database: [bold]{escape(redacted_url(engine.url))}[/]")
     console.print(content_table(engine))
     with _demo_instance(dagster_home, console) as instance:
         runs = _run_jobs(url, engine, instance, console, collections)

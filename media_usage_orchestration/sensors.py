@@ -8,6 +8,7 @@ due because its lease expired: the run that held it died or stalled, Dagster may
 import hashlib
 
 import dagster as dg
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from .jobs import media_usage_collection_deletion, media_usage_reconciliation, media_usage_work
 from .ops.common import automation_default_status
@@ -16,6 +17,7 @@ from .partitions import media_usage_collections
 from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 from .store.deletions import DeletionRepository
+from .store.engine import DATABASE_URL_ENV, database_error_message, scrubbed
 from .store.probes import due_reconciliations, earliest_due_work
 from .store.schema import missing_tables
 
@@ -54,9 +56,17 @@ def last_unsuccessful_run_id(
     return runs[0].run_id if runs else None
 
 
-def schema_not_installed(database: MediaUsageDatabase) -> dg.SkipReason | None:
-    """A database without the media usage schema is a setup step away, not a sensor error."""
-    missing = missing_tables(database.engine)
+def database_not_ready(database: MediaUsageDatabase) -> dg.SkipReason | None:
+    """A database the sensor cannot use yet is a setup or operations step away, not a sensor
+    error: one password-free line in the tick history says what to check."""
+    try:
+        missing = missing_tables(database.engine)
+    except (OperationalError, InterfaceError) as error:
+        reason = scrubbed(database_error_message(error), database.resolved_url())
+        return dg.SkipReason(
+            f"database unreachable at {database.display_url} ({reason}): check "
+            f"{DATABASE_URL_ENV} and that the server is up"
+        )
     if not missing:
         return None
     return dg.SkipReason(
@@ -81,7 +91,7 @@ def run_key(*parts: object) -> str:
 def media_usage_collection_deletion_sensor(
     context: dg.SensorEvaluationContext, database: MediaUsageDatabase
 ):
-    if skip := schema_not_installed(database):
+    if skip := database_not_ready(database):
         return skip
     due = DeletionRepository(database.engine).find_due(MAX_DUE_DELETIONS)
     requests = []
@@ -133,7 +143,7 @@ def media_usage_work_sensor(
     database: MediaUsageDatabase,
     automation: MediaUsageAutomation,
 ):
-    if skip := schema_not_installed(database):
+    if skip := database_not_ready(database):
         return skip
     earliest = earliest_due_work(database.engine)
     if earliest is None:
@@ -177,7 +187,7 @@ def media_usage_work_sensor(
 def media_usage_reconciliation_sensor(
     context: dg.SensorEvaluationContext, database: MediaUsageDatabase
 ):
-    if skip := schema_not_installed(database):
+    if skip := database_not_ready(database):
         return skip
     candidates = due_reconciliations(database.engine, MAX_DUE_RECONCILIATIONS)
     known = set(context.instance.get_dynamic_partitions(media_usage_collections.name))

@@ -4,6 +4,11 @@ SQLite (embedded default): WAL so readers never block the writer, a generous bus
 foreign keys on, and `BEGIN IMMEDIATE` for every transaction that may write: pysqlite's
 deferred BEGIN would fail with SQLITE_BUSY at the first write without waiting.
 PostgreSQL: psycopg 3, READ COMMITTED, one statement per guarded step, a plan per execution.
+Both: statement errors never carry bound values (lease and run tokens are bound parameters).
+
+A read-only engine (`read_only=True`, for verbs that only look) changes nothing: SQLite opens
+the existing file with `mode=ro` (no directory, no new file, no WAL switch), PostgreSQL
+sessions default to read-only transactions.
 """
 
 from __future__ import annotations
@@ -11,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote, quote_plus
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -22,6 +30,12 @@ DEFAULT_SQLITE_PATH = Path(".media_usage") / "media_usage.db"
 DATABASE_URL_ENV = "MEDIA_USAGE_DATABASE_URL"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _READ_ONLY = "media_usage_read_only"
+# Query parameters whose values are never shown: libpq's password settings, the password
+# file's location, and `options`, which passes arbitrary server settings.
+SECRET_QUERY_KEYS = frozenset({"password", "passfile", "sslpassword", "options"})
+_HIDDEN = "***"
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]+@")
+_PASSWORD_SETTING = re.compile(r"((?:password|passfile|options)\s*=\s*)[^\s&]+", re.IGNORECASE)
 
 
 def default_database_url() -> str:
@@ -50,13 +64,69 @@ def normalize_url(url: str | URL) -> URL:
     raise ValueError(f"Unsupported database URL scheme {parsed.drivername!r}")
 
 
-def redacted_url(url: str | URL) -> str:
-    """The URL as it may appear in logs, errors and run metadata: never with its password."""
+def _parsed(url: str | URL) -> URL | None:
     try:
-        parsed = make_url(url) if isinstance(url, str) else url
-    except Exception:  # an unparsable URL is shown as nothing rather than leaked
+        return make_url(url) if isinstance(url, str) else url
+    except Exception:  # an unparsable URL has nothing we could show or find
+        return None
+
+
+def _secret_query_keys(parsed: URL) -> list[str]:
+    return [key for key in parsed.query if key.lower() in SECRET_QUERY_KEYS]
+
+
+def redacted_url(url: str | URL) -> str:
+    """The URL as it may appear in output, logs, errors and run metadata: its password and
+    the values of its secret query parameters (`SECRET_QUERY_KEYS`) replaced by ***."""
+    parsed = _parsed(url)
+    if parsed is None:
         return "<unparsable database URL>"
-    return parsed.render_as_string(hide_password=True)
+    hidden = parsed.update_query_dict({key: _HIDDEN for key in _secret_query_keys(parsed)})
+    rendered = hidden.render_as_string(hide_password=True)
+    return rendered.replace(quote_plus(_HIDDEN), _HIDDEN)
+
+
+def url_secrets(url: str | URL) -> list[str]:
+    """Every secret the URL carries (its password, its secret query values), in each spelling
+    a message might quote it, longest first so that a secret containing another is hidden
+    whole."""
+    parsed = _parsed(url)
+    if parsed is None:
+        return []
+    values = [parsed.password] if parsed.password else []
+    for key in _secret_query_keys(parsed):
+        value = parsed.query[key]
+        values.extend([value] if isinstance(value, str) else value)
+    spellings = {
+        spelling
+        for value in values
+        if value
+        for spelling in (value, quote_plus(value), quote(value, safe=""))
+    }
+    return sorted(spellings, key=len, reverse=True)
+
+
+def scrubbed(message: str, url: str | URL | None) -> str:
+    """A message as it may be shown: without the URL's secrets wherever they appear (inside
+    the URL, alone, or as a `password=` setting quoted by a driver), nor any other URL's
+    password."""
+    if url:
+        if isinstance(url, str):
+            message = message.replace(url, redacted_url(url))
+        for secret in url_secrets(url):
+            message = message.replace(secret, _HIDDEN)
+    message = _URL_PASSWORD.sub(rf"\1{_HIDDEN}@", message)
+    return _PASSWORD_SETTING.sub(rf"\1{_HIDDEN}", message)
+
+
+def database_error_message(error: SQLAlchemyError) -> str:
+    """The driver's own first line (not the SQL, which only repeats what the caller ran)."""
+    original = getattr(error, "orig", None) or error
+    lines = str(original).strip().splitlines() or [""]
+    message = f"Database error ({type(original).__name__}): {lines[0]}"
+    if isinstance(error, DBAPIError) and is_missing_table(error):
+        message += "; is the schema installed? Run `media-usage init`"
+    return message
 
 
 def compact_json(value) -> str:
@@ -64,16 +134,26 @@ def compact_json(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def create_database_engine(url: str | URL, **engine_options) -> Engine:
+class DatabaseFileError(ValueError):
+    """The SQLite file cannot be used as asked: a read-only engine's file does not exist
+    (raised on connecting; nothing is created), or a new file's directory cannot be made."""
+
+
+def create_database_engine(url: str | URL, *, read_only: bool = False, **engine_options) -> Engine:
     parsed = normalize_url(url)
     engine_options.setdefault("json_serializer", compact_json)
+    # A failed statement's message names the SQL, never its values: lease and run tokens are
+    # bound parameters, and failure messages reach run logs and the UI.
+    engine_options.setdefault("hide_parameters", True)
     if parsed.get_backend_name() == "sqlite":
+        if read_only:
+            return _create_read_only_sqlite_engine(parsed, **engine_options)
         return _create_sqlite_engine(parsed, **engine_options)
     engine_options.setdefault("pool_pre_ping", True)
-    return _create_postgres_engine(parsed, **engine_options)
+    return _create_postgres_engine(parsed, read_only, **engine_options)
 
 
-def _create_postgres_engine(url: URL, **engine_options) -> Engine:
+def _create_postgres_engine(url: URL, read_only: bool, **engine_options) -> Engine:
     engine = create_engine(url, **engine_options)
 
     @event.listens_for(engine, "connect")
@@ -86,22 +166,27 @@ def _create_postgres_engine(url: URL, **engine_options) -> Engine:
         dbapi_connection.autocommit = True
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET plan_cache_mode = force_custom_plan")
+            if read_only:
+                cursor.execute("SET default_transaction_read_only = on")
         dbapi_connection.autocommit = autocommit
 
     return engine
 
 
 def _create_sqlite_engine(url: URL, **engine_options) -> Engine:
-    Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    directory = Path(url.database).parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DatabaseFileError(
+            f"cannot create the directory {directory} for the SQLite file: {error.strerror}"
+        ) from None
     engine = create_engine(url, **engine_options)
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_connection, _record):
-        # Driver-level autocommit: SQLAlchemy's "begin" event below decides how to BEGIN.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
+        cursor = _configure_sqlite_connection(dbapi_connection)
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         # A 16 MiB page cache keeps the sources/occurrences indexes warm during bulk projection,
@@ -116,6 +201,43 @@ def _create_sqlite_engine(url: URL, **engine_options) -> Engine:
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _create_read_only_sqlite_engine(url: URL, **engine_options) -> Engine:
+    """The existing file, opened `mode=ro`: no directory or file is created and the journal
+    mode stays what its owner chose (a WAL database may gain its usual -wal/-shm files).
+    Like every engine it connects on first use, so bad input is refused before that."""
+    path = Path(url.database)
+    uri = f"file:{quote(str(path.absolute()), safe='/')}?mode=ro"
+
+    def connect() -> sqlite3.Connection:
+        if not path.is_file():
+            raise DatabaseFileError(
+                f"no SQLite database file at {path}: check the URL, or run `media-usage init`"
+            )
+        return sqlite3.connect(uri, uri=True, check_same_thread=False)
+
+    engine = create_engine(url, creator=connect, **engine_options)
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record):
+        cursor = _configure_sqlite_connection(dbapi_connection)
+        cursor.execute("PRAGMA query_only=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Connection):
+        connection.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def _configure_sqlite_connection(dbapi_connection) -> sqlite3.Cursor:
+    # Driver-level autocommit: SQLAlchemy's "begin" event decides how to BEGIN.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    return cursor
 
 
 @contextlib.contextmanager

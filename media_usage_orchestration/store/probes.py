@@ -12,8 +12,10 @@ from sqlalchemy import Engine, String, case, cast, literal, null, select, union_
 
 from .clock import is_due
 from .engine import read_transaction
-from .reconciliations import find_due_statement, needs_reconciliation_row
-from .schema import index_status, work
+from .leases import bounded_limit, due_candidates_statement
+from .predicates import no_deletion_tombstone, registry_identity_is_current
+from .reconciliations import MAX_CANDIDATES, needs_reconciliation_row
+from .schema import index_status, reconciliations, work
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,16 @@ class ReconciliationCandidate:
 
 
 def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandidate]:
-    """Due coordinator rows, plus collections that need one and have none, in one statement."""
-    due = find_due_statement(limit).subquery("due")
+    """Due coordinator rows, plus collections that need one and have none, in one statement.
+    A collection being deleted (tombstoned) or gone from the registry is never a candidate:
+    its run could only end `not_found`, and its partition must stay removed."""
+    limit = bounded_limit(
+        limit,
+        1,
+        MAX_CANDIDATES,
+        f"Reconciliation candidate limit must be from 1 to {MAX_CANDIDATES}",
+    )
+    due = due_candidates_statement(claimable_reconciliations(), limit).subquery("due")
     due_at = case((due.c.state == "leased", due.c.lease_expires_at), else_=due.c.next_attempt_at)
     rows = select(
         due.c.collection_id,
@@ -109,3 +119,18 @@ def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandid
     with read_transaction(engine) as connection:
         found = connection.execute(statement).all()
     return [ReconciliationCandidate(*row) for row in found[:limit]]
+
+
+def claimable_reconciliations():
+    """Coordinator rows of current, undeleted collections. Filtered before the bounded due
+    branches pick their rows, so rows of deleted collections (whose leases lapse and are never
+    renewed) cannot fill the LIMIT and starve the others."""
+    row = reconciliations
+    return (
+        select(row)
+        .where(
+            no_deletion_tombstone(row.c.collection_id),
+            registry_identity_is_current(row.c.collection_id, row.c.collection_slug),
+        )
+        .subquery("claimable")
+    )

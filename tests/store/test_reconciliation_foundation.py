@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy import inspect, select, update
 
 from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.leases import LeaseState
+from media_usage_orchestration.store.leases import LeaseState, due_candidates_statement
 from media_usage_orchestration.store.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.store.probes import claimable_reconciliations
 from media_usage_orchestration.store.reconciliations import (
     ENTRY_FAILED_CODE,
     LIFECYCLE_MESSAGE,
@@ -701,10 +702,19 @@ def test_find_due_orders_lease_expired_then_retry_then_pending(db):
     assert [record.collection_slug for record in repository.find_due(1)] == ["leased"]
 
 
-def test_find_due_walks_the_due_and_lease_indexes(db):
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: find_due_statement(4),
+        # the sensors' probe: the same branches over undeleted, registered collections only
+        lambda: due_candidates_statement(claimable_reconciliations(), 4),
+    ],
+    ids=["repository", "sensor-probe"],
+)
+def test_find_due_walks_the_due_and_lease_indexes(db, build):
     if db.is_postgres:
         pytest.skip("EXPLAIN QUERY PLAN is SQLite's")
-    statement = find_due_statement(4)
+    statement = build()
     sql = str(statement.compile(dialect=db.engine.dialect, compile_kwargs={"literal_binds": True}))
     with db.engine.connect() as connection:
         plan = " ".join(
