@@ -23,7 +23,6 @@ import resource
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,19 +30,26 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.markup import escape
-from sqlalchemy import Engine, create_engine, select
-from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError
 
 from . import sample_content
-from .cms import CmsWriter, Collection
 from .processing.activation import activate
 from .processing.reconciliation.driver import run_to_completion
 from .processing.reconciliation.model import ReconciliationOutcome
 from .processing.verify import verify_index
 from .processing.work import process_due_batch, process_due_work
-from .store.engine import create_database_engine, normalize_url, redacted_url, scrubbed
-from .store.schema import index_status, install_schema
+from .store.cms import CmsWriter, Collection
+from .store.coverage import read_collection_coverage
+from .store.engine import (
+    URL,
+    ArgumentError,
+    Engine,
+    create_database_engine,
+    normalize_url,
+    redacted_url,
+    scrubbed,
+)
+from .store.schema import install_schema
+from .store.scratch import scratch_schema
 
 COLLECTION_SLUG = "articles"
 ENTRY_PREFIX = "art"
@@ -130,27 +136,12 @@ def _temporary_sqlite(keep: bool) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _temporary_schema(server: URL, keep: bool) -> Iterator[str]:
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    with scratch_schema(server, "bench", keep=keep) as (schema, url):
         try:
-            yield _with_search_path(server, schema).render_as_string(hide_password=False)
+            yield url
         finally:
             if keep:
                 console.print(f"kept schema {schema}")
-            else:
-                with admin.connect() as connection:
-                    connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-    finally:
-        admin.dispose()
-
-
-def _with_search_path(server: URL, schema: str) -> URL:
-    options = server.query.get("options")
-    options = f"{options} " if isinstance(options, str) and options else ""
-    return server.update_query_dict({"options": f"{options}-csearch_path={schema}"})
 
 
 # --- content ------------------------------------------------------------------------------------
@@ -172,13 +163,12 @@ def insert_entries(engine: Engine, count: int) -> None:
 
 
 def coverage_is_complete(engine: Engine, collection: Collection) -> bool:
-    with engine.connect() as connection:
-        row = connection.execute(
-            select(index_status.c.status, index_status.c.reconciliation_required).where(
-                index_status.c.collection_id == collection.id
-            )
-        ).first()
-    return row is not None and row.status == "complete" and row.reconciliation_required == 0
+    coverage = read_collection_coverage(engine, collection.id)
+    return (
+        coverage is not None
+        and coverage.status == "complete"
+        and coverage.reconciliation_required is False
+    )
 
 
 def index_is_verified(engine: Engine) -> bool:

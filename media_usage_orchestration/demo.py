@@ -25,10 +25,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import cms, sample_content
+from . import sample_content
 from .console import status_table
 from .processing.verify import verify_index
-from .store import audit, schema
+from .store import audit, cms, schema
 from .store.engine import (
     Engine,
     create_database_engine,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cms import FieldSpec, SubField
+from .store.cms import FieldSpec, SubField
 
 MEDIA_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("title", "string"),

@@ -8,7 +8,6 @@ due because its lease expired: the run that held it died or stalled, Dagster may
 import hashlib
 
 import dagster as dg
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from .jobs import media_usage_collection_deletion, media_usage_reconciliation, media_usage_work
 from .ops.common import automation_default_status
@@ -17,7 +16,7 @@ from .partitions import media_usage_collections
 from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 from .store.deletions import DeletionRepository
-from .store.engine import DATABASE_URL_ENV, database_error_message, scrubbed
+from .store.engine import CONNECTION_ERRORS, DATABASE_URL_ENV, database_error_message, scrubbed
 from .store.probes import due_reconciliations, earliest_due_work
 from .store.schema import missing_tables
 
@@ -61,7 +60,7 @@ def database_not_ready(database: MediaUsageDatabase) -> dg.SkipReason | None:
     error: one password-free line in the tick history says what to check."""
     try:
         missing = missing_tables(database.engine)
-    except (OperationalError, InterfaceError) as error:
+    except CONNECTION_ERRORS as error:
         reason = scrubbed(database_error_message(error), database.resolved_url())
         return dg.SkipReason(
             f"database unreachable at {database.display_url} ({reason}): check "

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import dagster as dg
 import pytest
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
 
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.engine import create_database_engine
 from media_usage_orchestration.store.schema import install_schema
+from media_usage_orchestration.store.scratch import scratch_schema
 
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DIALECTS = ("sqlite", "postgres")
@@ -64,13 +63,6 @@ class TestDatabase:
         return self.dialect == "postgres"
 
 
-def _postgres_schema_url(schema: str) -> str:
-    url = make_url(postgres_admin_url()).set(drivername="postgresql+psycopg")
-    return url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-        hide_password=False
-    )
-
-
 def require_postgres() -> None:
     """Skip the test without a server, or fail it when MEDIA_USAGE_REQUIRE_POSTGRES=1."""
     problem = _check_postgres()
@@ -84,16 +76,8 @@ def require_postgres() -> None:
 def postgres_schema() -> Iterator[str]:
     """A schema of its own on the test server, dropped afterwards: yields a URL whose
     search_path is that schema."""
-    schema = f"t_{uuid.uuid4().hex[:16]}"
-    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield _postgres_schema_url(schema)
-    finally:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
+    with scratch_schema(postgres_admin_url(), "t") as (_, url):
+        yield url
 
 
 @contextlib.contextmanager

@@ -16,9 +16,9 @@ from typing import Any
 from sqlalchemy import Engine, Table, insert, text
 from sqlalchemy.sql.elements import ClauseElement
 
-from media_usage_orchestration.cms import Collection
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.clock import timestamp_offset
+from media_usage_orchestration.store.cms import Collection
 from media_usage_orchestration.store.identifiers import content_table_name
 from media_usage_orchestration.store.schema import COLLECTION_SCOPE, CONTENT_ADAPTER_ID
 

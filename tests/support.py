@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, func, select, text, update
 
-from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec
 from media_usage_orchestration.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter, Collection, FieldSpec
 from media_usage_orchestration.store.schema import (
     ACTIVATION_KEY,
     COLLECTION_SCOPE,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..store.source_rows import PROJECTION_FINGERPRINT_PREFIX
+from ..store.source_records import PROJECTION_FINGERPRINT_PREFIX
 from .canonical import CanonicalText, canonical_json, sha256_hex, utf8_bytes, utf16_key
 from .extraction import MediaOccurrence
 from .fields import ExtractionField, FieldDiscovery

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
-from ..store.source_rows import DeletionMeasurement, SourceRow
+from ..store.source_records import DeletionMeasurement, SourceRow
 from .canonical import canonical_json, utf8_bytes
 from .sources import SOURCE_VARIANTS, ContentSource, source_key
 

@@ -15,18 +15,16 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from ..store.content import COLLECTION_ID_RESULT
-from ..store.identifiers import validate_identifier
+from ..store.identifiers import COLLECTION_ID_RESULT, validate_identifier
+from ..store.source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
 from .canonical import js_trim, parse_json
 from .extraction import extract_occurrences
 from .fields import DISPLAY_FIELD_SLUGS, FieldDiscovery
 from .fingerprints import projection_fingerprint
 from .sources import (
-    CANONICAL_IDENTITY_VERSION,
     COLUMNS,
     CONTENT_SOURCE_SCHEMA_VERSION,
     DRAFT_OVERLAY,
-    SOURCE_TYPE,
     ContentSource,
     legacy_source_key,
     source_key,
@@ -222,7 +220,7 @@ def _describe(
         key = legacy_source_key(collection_slug, content_id, variant)
     return ContentSource(
         source_key=key,
-        source_type=SOURCE_TYPE,
+        source_type=SOURCE_TYPE_CONTENT,
         collection_id=collection_id if canonical else None,
         collection_slug=collection_slug,
         content_id=content_id,

@@ -11,11 +11,9 @@ from typing import Any
 
 from .extraction import MediaOccurrence
 
-SOURCE_TYPE = "content"
 COLUMNS = "columns"
 DRAFT_OVERLAY = "draft_overlay"
 SOURCE_VARIANTS = (COLUMNS, DRAFT_OVERLAY)
-CANONICAL_IDENTITY_VERSION = 1
 CONTENT_SOURCE_SCHEMA_VERSION = 1
 
 

@@ -5,47 +5,14 @@ import os
 from collections.abc import Iterator
 
 import dagster as dg
-from sqlalchemy import exc as sa_exc
+
+from ..store.engine import is_transient_database_error
 
 # Transient: the database was briefly unreachable, busy, or chose us as a deadlock victim.
 # Re-running the step is safe because every write is lease-guarded and idempotent.
 TRANSIENT_RETRY_POLICY = dg.RetryPolicy(
     max_retries=3, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
 )
-
-_TRANSIENT_SQLSTATES = {
-    "40001",  # serialization_failure
-    "40P01",  # deadlock_detected
-    "55P03",  # lock_not_available
-    "57P01",  # admin_shutdown
-    "57P02",  # crash_shutdown
-    "57P03",  # cannot_connect_now
-    "08000",
-    "08003",
-    "08006",
-}
-_TRANSIENT_MESSAGES = (
-    "database is locked",
-    "database table is locked",
-    "server closed the connection",
-    "connection refused",
-    "could not connect",
-)
-
-
-def is_transient_database_error(error: BaseException) -> bool:
-    if isinstance(error, sa_exc.DisconnectionError | sa_exc.TimeoutError):
-        return True
-    if not isinstance(error, sa_exc.DBAPIError):
-        return False
-    if error.connection_invalidated:
-        return True
-    if getattr(error.orig, "sqlstate", None) in _TRANSIENT_SQLSTATES:
-        return True
-    message = str(error.orig).lower()
-    return isinstance(error, sa_exc.OperationalError) and any(
-        fragment in message for fragment in _TRANSIENT_MESSAGES
-    )
 
 
 @contextlib.contextmanager

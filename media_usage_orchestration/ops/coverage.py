@@ -9,10 +9,10 @@ an observation carrying the error code when coverage fails.
 from datetime import datetime
 
 import dagster as dg
-from sqlalchemy import Engine
 
 from ..partitions import media_usage_collections
 from ..store.coverage import CollectionCoverage, read_collection_coverage
+from ..store.engine import Engine
 
 MEDIA_USAGE_INDEX = dg.AssetKey("media_usage_index")
 

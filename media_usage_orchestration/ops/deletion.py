@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import dagster as dg
 from pydantic import Field
-from sqlalchemy import Engine
 
 from ..processing import deletion as processing
 from ..processing.deletion import PhaseStepOutcome, PhaseStepResult
@@ -22,6 +21,7 @@ from ..store.deletions import (
     DeletionPhase,
     DeletionRepository,
 )
+from ..store.engine import Engine
 from ..store.identifiers import validate_identifier
 from ..store.registry import read_collection_id
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import dagster as dg
-from sqlalchemy import Engine
 
 from ..processing.run_loop import Paging, PagingEnd
+from ..store.engine import Engine
 from .common import is_transient_database_error
 
 L = TypeVar("L")

@@ -12,7 +12,6 @@ from typing import NoReturn
 
 import dagster as dg
 from pydantic import Field
-from sqlalchemy import Engine
 
 from ..processing.reconciliation import steps, walks
 from ..processing.reconciliation.model import (
@@ -23,6 +22,7 @@ from ..processing.reconciliation.model import (
 )
 from ..processing.run_loop import Budget
 from ..resources.database import MediaUsageDatabase
+from ..store.engine import Engine
 from ..store.identifiers import validate_identifier
 from ..store.reconciliations import ReconciliationClaim
 from ..store.registry import read_collection_id

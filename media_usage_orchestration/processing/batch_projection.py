@@ -34,8 +34,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
-
 from ..media.fields import FieldDiscovery
 from ..media.projection import (
     MAX_OCCURRENCE_MUTATION_UNITS,
@@ -43,9 +41,9 @@ from ..media.projection import (
     canonical_source_keys,
 )
 from ..media.snapshots import build_content_snapshots
-from ..media.sources import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE, ContentSource
+from ..media.sources import ContentSource
 from ..store.content import content_rows, load_revisions
-from ..store.engine import read_transaction
+from ..store.engine import Engine, read_transaction
 from ..store.registry import collection_identity_exists
 from ..store.source_batch_writes import (
     BatchWriteResult,
@@ -54,11 +52,13 @@ from ..store.source_batch_writes import (
     measure_generation_deletions,
     write_collection_batch,
 )
-from ..store.source_rows import (
+from ..store.source_records import (
+    CANONICAL_IDENTITY_VERSION,
+    SOURCE_TYPE_CONTENT,
     SourceRow,
     projection_is_unchanged,
-    sources_by_key,
 )
+from ..store.source_rows import sources_by_key
 from .content_reads import load_fields
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class _Entry:
         """The observed row is this entry's canonical source for `key`, as the batch writes it;
         anything else (legacy or foreign rows under a canonical key) is for the per-item path."""
         return (
-            source.source_type == SOURCE_TYPE
+            source.source_type == SOURCE_TYPE_CONTENT
             and source.collection_id == self.collection_id
             and source.collection_slug == self.collection_slug
             and source.identity_version == CANONICAL_IDENTITY_VERSION

@@ -3,11 +3,10 @@ reads, turned into a field discovery and snapshots by `media/`."""
 
 from __future__ import annotations
 
-from sqlalchemy import Connection
-
 from ..media.fields import FieldDiscovery, discover_fields
 from ..media.snapshots import SnapshotError, SnapshotResult, build_content_snapshots
 from ..store.content import content_row, field_rows, load_revision
+from ..store.engine import Connection
 
 
 def load_fields(

@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from sqlalchemy import Engine
-
 from ..media.projection import (
     MAX_OCCURRENCE_MUTATION_UNITS,
     AdmissionBudget,
@@ -26,9 +24,9 @@ from ..media.projection import (
 )
 from ..media.snapshots import SnapshotError, SnapshotResult
 from ..media.sources import ContentSource
-from ..store.engine import read_transaction
+from ..store.engine import Engine, read_transaction
 from ..store.registry import read_collection_identity_exists
-from ..store.source_rows import DeletionMeasurement, SourceRow
+from ..store.source_records import DeletionMeasurement, SourceRow
 from ..store.source_writes import SourceRepository
 from .content_reads import load_content_snapshots
 

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from sqlalchemy import Engine
-
+from ..store.engine import Engine
 from .work import WorkBatchResult, process_due_batch
 
 L = TypeVar("L")

@@ -26,7 +26,7 @@ from ..media.sources import ContentSource
 from ..store import audit
 from ..store.content import content_rows_query
 from ..store.engine import Connection, Engine
-from ..store.source_rows import SourceRow
+from ..store.source_records import SourceRow
 from .content_reads import load_fields
 
 ENTRY_PAGE_SIZE = 200

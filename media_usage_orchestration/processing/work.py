@@ -54,11 +54,9 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
-from sqlalchemy import Engine
-
 from ..store import status as status_store
 from ..store.activation import read_activation
-from ..store.engine import read_transaction
+from ..store.engine import Engine, read_transaction
 from ..store.registry import read_collection_identity_exists
 from ..store.work import WorkRecord, WorkRepository
 from .batch_projection import refresh_contents_for_work

@@ -39,7 +39,7 @@ from .schema import (
     sources,
     work,
 )
-from .source_rows import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
+from .source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Select, column, select, table
 
-from .identifiers import content_table_name, validate_identifier
+from .identifiers import COLLECTION_ID_RESULT, content_table_name, validate_identifier
 from .schema import collections, fields, narrow, revisions
 
 CONTENT_SYSTEM_COLUMNS = (
@@ -31,7 +31,6 @@ CONTENT_SYSTEM_COLUMNS = (
     "translation_group",
 )
 # The label under which a content row read carries its registry row's id.
-COLLECTION_ID_RESULT = "__emdash_media_usage_collection_id"
 _REGISTRY = narrow(collections, "id", "slug")
 
 
@@ -137,7 +136,6 @@ def load_revisions(
 
 
 __all__ = [
-    "COLLECTION_ID_RESULT",
     "CONTENT_SYSTEM_COLUMNS",
     "ContentFields",
     "content_columns",

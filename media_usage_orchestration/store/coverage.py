@@ -18,7 +18,7 @@ from .identifiers import content_table_name
 from .leases import LeaseState
 from .predicates import is_content_collection_status
 from .schema import collections, index_status, occurrences, sources, work
-from .source_rows import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
+from .source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
 
 
 @dataclass(frozen=True)

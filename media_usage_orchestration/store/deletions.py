@@ -76,11 +76,11 @@ from .schema import (
     sources,
     work,
 )
+from .source_records import SOURCE_TYPE_CONTENT
 
 ROWS_PER_BATCH = 50
 MAX_PAGE_LIMIT = 100
 DEFAULT_OPERATOR_LIMIT = 50
-CONTENT_SOURCE_TYPE = "content"
 FTS_TABLE_PREFIX = "_emdash_fts_"
 FTS_TRIGGER_SUFFIXES = ("insert", "update", "delete")
 
@@ -323,7 +323,7 @@ def deletion_lease_is_live(
 def _canonical_sources(collection_id: str) -> ColumnElement[bool]:
     # Legacy slug-keyed sources have collection_id NULL, so they never match.
     return and_(
-        sources.c.source_type == CONTENT_SOURCE_TYPE, sources.c.collection_id == collection_id
+        sources.c.source_type == SOURCE_TYPE_CONTENT, sources.c.collection_id == collection_id
     )
 
 

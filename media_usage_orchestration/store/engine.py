@@ -24,7 +24,15 @@ from urllib.parse import quote, quote_plus
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+    TimeoutError,
+)
 
 DEFAULT_SQLITE_PATH = Path(".media_usage") / "media_usage.db"
 DATABASE_URL_ENV = "MEDIA_USAGE_DATABASE_URL"
@@ -269,7 +277,47 @@ def sqlite_database_file(url: str | URL) -> str | None:
 
 # SQLAlchemy's types and errors that code outside store/ names, re-exported so that only
 # store/ (and the database resource) import SQLAlchemy.
+# The errors of a database that cannot be reached at all (as opposed to a failed statement).
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+_TRANSIENT_SQLSTATES = {
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "55P03",  # lock_not_available
+    "57P01",  # admin_shutdown
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now
+    "08000",
+    "08003",
+    "08006",
+}
+_TRANSIENT_MESSAGES = (
+    "database is locked",
+    "database table is locked",
+    "server closed the connection",
+    "connection refused",
+    "could not connect",
+)
+
+
+def is_transient_database_error(error: BaseException) -> bool:
+    """Briefly unreachable, busy, or a deadlock victim: safe to run the same guarded step again."""
+    if isinstance(error, DisconnectionError | TimeoutError):
+        return True
+    if not isinstance(error, DBAPIError):
+        return False
+    if error.connection_invalidated:
+        return True
+    if getattr(error.orig, "sqlstate", None) in _TRANSIENT_SQLSTATES:
+        return True
+    message = str(error.orig).lower()
+    return isinstance(error, OperationalError) and any(
+        fragment in message for fragment in _TRANSIENT_MESSAGES
+    )
+
+
 __all__ = [
+    "CONNECTION_ERRORS",
     "DATABASE_URL_ENV",
     "DEFAULT_SQLITE_PATH",
     "SQLITE_BUSY_TIMEOUT_MS",
@@ -284,6 +332,7 @@ __all__ = [
     "default_database_url",
     "is_missing_table",
     "is_postgres",
+    "is_transient_database_error",
     "make_url",
     "normalize_url",
     "read_transaction",

@@ -12,6 +12,9 @@ IDENTIFIER_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 MAX_IDENTIFIER_LENGTH = 128
 ERROR_CODE_PATTERN = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 CONTENT_TABLE_PREFIX = "ec_"
+# The label under which a content read returns the registry id it joined (never a field slug:
+# those match IDENTIFIER_PATTERN, which has no leading underscore).
+COLLECTION_ID_RESULT = "__emdash_media_usage_collection_id"
 
 
 class InvalidIdentifierError(ValueError):

@@ -84,11 +84,10 @@ from .predicates import (
     status_owns_run,
 )
 from .schema import dialect_insert, index_status, narrow, reconciliations, sources, work
+from .source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
 
 MAX_CANDIDATES = 100
 MAX_PAGE_SIZE = 50
-CONTENT_SOURCE_TYPE = "content"
-CANONICAL_IDENTITY_VERSION = 1
 ENTRY_FAILED_CODE = "MEDIA_USAGE_RECONCILIATION_ENTRY_FAILED"
 PROCESSING_FAILED_CODE = "MEDIA_USAGE_PROCESSING_FAILED"
 NON_TERMINAL_ATTEMPT_CEILING = 4
@@ -314,7 +313,7 @@ def _no_work_rows(collection_id: str) -> ColumnElement[bool]:
 
 def _canonical_sources(collection_id: str, source=sources):
     return and_(
-        source.c.source_type == CONTENT_SOURCE_TYPE,
+        source.c.source_type == SOURCE_TYPE_CONTENT,
         source.c.collection_id == collection_id,
         source.c.identity_version == CANONICAL_IDENTITY_VERSION,
     )

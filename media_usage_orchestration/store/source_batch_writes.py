@@ -37,7 +37,7 @@ from .identifiers import require_text
 from .json_rows import JsonRows
 from .predicates import registry_identity_is_current
 from .schema import collections, dialect_insert, generation_writes, occurrences, sources
-from .source_rows import (
+from .source_records import (
     CANONICAL_IDENTITY_VERSION,
     GENERATION_WRITE_LEASE_SECONDS,
     NEVER_NULL_MATCH_COLUMNS,
@@ -47,12 +47,10 @@ from .source_rows import (
     DeletionMeasurement,
     SourceProjection,
     SourceRow,
-    content_table,
-    lock_cleanup,
-    occurrence_bytes,
     occurrence_rows,
     published_values,
 )
+from .source_rows import content_table, lock_cleanup, occurrence_bytes
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,19 @@
-"""What both source write protocols share: the stored source row, the projection a writer
-publishes, and the reads and guard pieces of EmDash's `MediaUsageRepository` that the
-single-row protocol (`source_writes`) and the batch protocol (`source_batch_writes`) both use.
+"""The reads and guard pieces of EmDash's `MediaUsageRepository` that the single-row protocol
+(`source_writes`) and the batch protocol (`source_batch_writes`) both use; the rows they read
+and write are values of `source_records`.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from collections.abc import Sequence
 
 from sqlalchemy import Connection, LargeBinary, cast, column, func, select, table
-from ulid import ULID
 
 from .engine import is_postgres
 from .identifiers import content_table_name
 from .schema import CLEANUP_TASK_KEY, cleanup, occurrences, sources
+from .source_records import SourceRow
 
-GENERATION_WRITE_LEASE_SECONDS = 60 * 60
-COMPLETE = "complete"
-SOURCE_TYPE_CONTENT = "content"
-CANONICAL_IDENTITY_VERSION = 1
-REVISION_COLUMN_BY_VARIANT = {"columns": "live_revision_id", "draft_overlay": "draft_revision_id"}
-PROJECTION_FINGERPRINT_PREFIX = "media-usage-projection:v1:sha256:"
-# EmDash's `isMediaUsageProjectionFingerprint`: only a v1 projection fingerprint proves a no-op.
-_PROJECTION_FINGERPRINT = re.compile(re.escape(PROJECTION_FINGERPRINT_PREFIX) + "[a-f0-9]{64}")
 _MEASURED_OCCURRENCE_COLUMNS = (
     "field_slug",
     "field_path",
@@ -35,141 +24,6 @@ _MEASURED_OCCURRENCE_COLUMNS = (
     "media_kind",
     "mime_type",
 )
-
-# The columns a writer's compare-and-swap re-asserts; the first two are never NULL.
-SOURCE_MATCH_COLUMNS = (
-    "current_generation",
-    "source_completeness",
-    "collection_id",
-    "updated_at",
-    "source_fingerprint",
-    "source_updated_at",
-    "source_version",
-    "identity_version",
-    "revision_id",
-    "last_attempted_at",
-    "last_error_code",
-)
-NEVER_NULL_MATCH_COLUMNS = frozenset({"current_generation", "source_completeness"})
-
-
-# --- records ----------------------------------------------------------------------------------
-
-
-class OccurrenceValues(Protocol):
-    def row_values(self) -> dict[str, Any]:
-        """Occurrence columns without id, source key, generation and timestamps."""
-        ...
-
-
-class SourceProjection(Protocol):
-    """A computed source (`media.sources.ContentSource`): its descriptive columns, fingerprint
-    and occurrences. The store only needs these members, not the domain type."""
-
-    source_key: str
-    collection_id: str | None
-    collection_slug: str
-    source_fingerprint: str | None
-    occurrences: Sequence[OccurrenceValues]
-
-    def row_values(self) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class SourceRow:
-    """One `_emdash_media_usage_sources` row as stored (EmDash's `MediaUsageSource`).
-
-    Fields keep `MediaUsageSource`'s order: admission charges a deletion by the length of that
-    record's JSON, whose member order follows it."""
-
-    source_key: str
-    source_type: str
-    collection_id: str | None
-    collection_slug: str | None
-    content_id: str | None
-    source_variant: str
-    locale: str | None
-    translation_group: str | None
-    content_slug: str | None
-    content_title: str | None
-    content_status: str | None
-    content_scheduled_at: str | None
-    content_deleted_at: str | None
-    revision_id: str | None
-    current_generation: str
-    schema_version: int
-    source_updated_at: str | None
-    source_version: int | None
-    source_fingerprint: str | None
-    identity_version: int | None
-    source_completeness: str
-    last_attempted_at: str | None
-    last_error_code: str | None
-    indexed_at: str
-    created_at: str | None
-    updated_at: str | None
-
-    @classmethod
-    def from_mapping(cls, row: Mapping[str, Any]) -> SourceRow:
-        values = {name: row[name] for name in _SOURCE_ROW_FIELDS}
-        for name in ("schema_version", "source_version", "identity_version"):
-            if values[name] is not None:
-                values[name] = int(values[name])
-        return cls(**values)
-
-
-_SOURCE_ROW_FIELDS = tuple(field.name for field in fields(SourceRow))
-
-
-@dataclass(frozen=True)
-class DeletionMeasurement:
-    occurrence_count: int
-    occurrence_bytes: int
-    exceeds_occurrence_limit: bool
-
-
-def is_projection_fingerprint(value: object) -> bool:
-    """`PROJECTION_FINGERPRINT_PREFIX` and 64 lowercase hex digits."""
-    return isinstance(value, str) and _PROJECTION_FINGERPRINT.fullmatch(value) is not None
-
-
-def projection_is_unchanged(source: SourceProjection, expected: SourceRow) -> bool:
-    """The observed row already publishes exactly this projection: a v1 projection
-    fingerprint equal to the computed one, complete, without an error."""
-    fingerprint = source.source_fingerprint
-    return (
-        is_projection_fingerprint(fingerprint)
-        and expected.source_fingerprint == fingerprint
-        and expected.source_completeness == COMPLETE
-        and expected.last_error_code is None
-    )
-
-
-def published_values(source: SourceProjection, generation: str, now: str) -> dict[str, Any]:
-    """Every column a successful replacement writes (EmDash's `buildSourceRow`)."""
-    values = source.row_values()
-    values.update(
-        current_generation=generation,
-        schema_version=values["schema_version"] if values["schema_version"] is not None else 1,
-        source_completeness=COMPLETE,
-        last_attempted_at=now,
-        last_error_code=None,
-        indexed_at=now,
-        updated_at=now,
-    )
-    return values
-
-
-def occurrence_rows(
-    source_key: str, generation: str, items: Iterable[OccurrenceValues], now: str
-) -> list[dict[str, Any]]:
-    rows = []
-    for occurrence in items:
-        row = occurrence.row_values()
-        row.update(id=str(ULID()), source_key=source_key, generation=generation, created_at=now)
-        row["occurrence_index"] = row["occurrence_index"] or 0
-        rows.append(row)
-    return rows
 
 
 # --- reads and guard pieces -------------------------------------------------------------------
@@ -209,24 +63,4 @@ def sources_by_key(connection: Connection, source_keys: Sequence[str]) -> dict[s
     return {row.source_key: SourceRow.from_mapping(row._mapping) for row in rows}
 
 
-__all__ = [
-    "CANONICAL_IDENTITY_VERSION",
-    "COMPLETE",
-    "GENERATION_WRITE_LEASE_SECONDS",
-    "NEVER_NULL_MATCH_COLUMNS",
-    "PROJECTION_FINGERPRINT_PREFIX",
-    "REVISION_COLUMN_BY_VARIANT",
-    "SOURCE_MATCH_COLUMNS",
-    "SOURCE_TYPE_CONTENT",
-    "DeletionMeasurement",
-    "OccurrenceValues",
-    "SourceProjection",
-    "SourceRow",
-    "is_projection_fingerprint",
-    "lock_cleanup",
-    "occurrence_bytes",
-    "occurrence_rows",
-    "projection_is_unchanged",
-    "published_values",
-    "sources_by_key",
-]
+__all__ = ["content_table", "lock_cleanup", "occurrence_bytes", "sources_by_key"]

@@ -43,7 +43,7 @@ from .engine import is_postgres, read_transaction
 from .identifiers import require_text
 from .predicates import registry_identity_is_current
 from .schema import collections, dialect_insert, generation_writes, occurrences, sources
-from .source_rows import (
+from .source_records import (
     CANONICAL_IDENTITY_VERSION,
     GENERATION_WRITE_LEASE_SECONDS,
     NEVER_NULL_MATCH_COLUMNS,
@@ -54,14 +54,11 @@ from .source_rows import (
     OccurrenceValues,
     SourceProjection,
     SourceRow,
-    content_table,
-    lock_cleanup,
-    occurrence_bytes,
     occurrence_rows,
     projection_is_unchanged,
     published_values,
-    sources_by_key,
 )
+from .source_rows import content_table, lock_cleanup, occurrence_bytes, sources_by_key
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """`media-usage demo` from the command line: what it refuses, before touching anything. The
 demo itself runs end to end in tests/test_demo.py."""
 
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.schema import missing_tables
 from tests.cli.cli_support import EXIT_PROBLEM, invoke
 from tests.support import IMAGE_ONLY, snapshot

@@ -15,9 +15,9 @@ from click.testing import CliRunner, Result
 from sqlalchemy import inspect, select, table, text
 
 from media_usage_orchestration.cli import main
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.local_runner import LANE_SENSORS
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.engine import redacted_url, scrubbed, url_secrets
 from tests.cli.cli_support import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, invoke, trusted_collection
 from tests.cli.operator_states import failed_work, leased_work

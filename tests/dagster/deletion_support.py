@@ -8,7 +8,6 @@ from typing import Any
 import dagster as dg
 from sqlalchemy import Engine, func, inspect, or_, select
 
-from media_usage_orchestration.cms import FieldSpec
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
@@ -17,6 +16,7 @@ from media_usage_orchestration.jobs import (
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors import media_usage_collection_deletion_sensor
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import FieldSpec
 from tests.dagster.sensor_loop import evaluate, execute_request, plain, resources
 from tests.support import snapshot
 

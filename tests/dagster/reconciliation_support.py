@@ -13,7 +13,6 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import ModuleTarget
 from sqlalchemy import Engine
 
-from media_usage_orchestration.cms import CmsWriter, Collection
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.jobs import (
     media_usage_activation,
@@ -26,6 +25,7 @@ from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entrie
 from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.activation import read_activation
+from media_usage_orchestration.store.cms import CmsWriter, Collection
 from tests.dagster.sensor_loop import evaluate, plain, resources
 from tests.support import count, one, status_row
 

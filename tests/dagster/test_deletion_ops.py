@@ -14,7 +14,6 @@ import dagster as dg
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.ops.deletion import (
     claim_deletion,
     delete_sources,
@@ -33,6 +32,7 @@ from media_usage_orchestration.store.capture_triggers import (
     CaptureIdentity,
     remove_capture_triggers,
 )
+from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.deletions import (
     DeletionLease,
     DeletionPhase,

@@ -16,7 +16,6 @@ import dagster as dg
 import pytest
 from sqlalchemy import Engine, create_engine, func, select, text
 
-from media_usage_orchestration.cms import CmsWriter, FieldSpec, SubField
 from media_usage_orchestration.jobs import media_usage_activation
 from media_usage_orchestration.media.fingerprints import field_fingerprint
 from media_usage_orchestration.processing.content_reads import load_fields
@@ -26,6 +25,7 @@ from media_usage_orchestration.sensors import (
     media_usage_work_sensor,
 )
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter, FieldSpec, SubField
 from media_usage_orchestration.store.engine import create_database_engine
 from tests.dagster.sensor_loop import drain, output_metadata, resources_for
 from tests.fixtures import FIXTURE_DB, REFERENCE_END_STATE, REFERENCE_FINGERPRINTS

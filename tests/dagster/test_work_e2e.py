@@ -12,7 +12,6 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from sqlalchemy import text
 
 from media_usage_orchestration import local_runner
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.jobs import media_usage_activation, media_usage_work
 from media_usage_orchestration.media.sources import source_key
 from media_usage_orchestration.processing.verify import verify_index
@@ -23,6 +22,7 @@ from media_usage_orchestration.sample_content import (
 )
 from media_usage_orchestration.sensors import media_usage_work_sensor
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.source_writes import SourceRepository
 from tests.dagster.sensor_loop import (
     RUN_KEY_TAG,

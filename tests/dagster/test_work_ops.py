@@ -14,7 +14,6 @@ from sqlalchemy import create_engine, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.ops import common
 from media_usage_orchestration.ops.activation import activate_capture
 from media_usage_orchestration.ops.common import (
@@ -36,6 +35,7 @@ from media_usage_orchestration.store.capture_triggers import (
     CaptureIdentity,
     verify_capture_triggers,
 )
+from media_usage_orchestration.store.cms import CmsWriter
 from tests.dagster.ops_support import invoke
 from tests.factories import draft_revision, insert_registry
 from tests.processing.projection_helpers import (

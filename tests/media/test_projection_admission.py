@@ -8,7 +8,6 @@ from dataclasses import replace
 
 from sqlalchemy import text, update
 
-from media_usage_orchestration.cms import CmsWriter, FieldSpec
 from media_usage_orchestration.media.extraction import MediaOccurrence
 from media_usage_orchestration.media.fields import ExtractionField, FieldDiscovery
 from media_usage_orchestration.media.fingerprints import projection_fingerprint
@@ -24,8 +23,9 @@ from media_usage_orchestration.processing.content_reads import load_content_snap
 from media_usage_orchestration.processing.projection import plan_projection_admission
 from media_usage_orchestration.processing.work import WorkOutcome, process_work_after_write
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter, FieldSpec
 from media_usage_orchestration.store.engine import read_transaction
-from media_usage_orchestration.store.source_rows import SourceRow
+from media_usage_orchestration.store.source_records import SourceRow
 from media_usage_orchestration.store.source_writes import SourceRepository
 from tests.processing.projection_helpers import (
     ADMISSION_FIELDS,

@@ -8,10 +8,10 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from media_usage_orchestration.cms import CmsWriter, Collection, FieldSpec, SubField
 from media_usage_orchestration.media.sources import source_key
 from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.source_rows import SourceRow
+from media_usage_orchestration.store.cms import CmsWriter, Collection, FieldSpec, SubField
+from media_usage_orchestration.store.source_records import SourceRow
 from media_usage_orchestration.store.source_writes import SourceRepository
 from tests.factories import draft_revision
 from tests.support import IMAGE_ONLY, count, one, set_activation, set_status

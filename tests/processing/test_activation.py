@@ -11,7 +11,6 @@ import time
 import pytest
 from sqlalchemy import Engine, inspect, select, text, update
 
-from media_usage_orchestration.cms import CmsWriter, FieldSpec
 from media_usage_orchestration.errors import CmsError
 from media_usage_orchestration.processing.activation import (
     ActivationError,
@@ -33,6 +32,7 @@ from media_usage_orchestration.store.capture_triggers import (
     list_owned_triggers,
     verify_capture_triggers,
 )
+from media_usage_orchestration.store.cms import CmsWriter, FieldSpec
 from media_usage_orchestration.store.engine import create_database_engine
 from media_usage_orchestration.store.schema import ACTIVATION_KEY
 from media_usage_orchestration.store.status import LifecycleConflictError

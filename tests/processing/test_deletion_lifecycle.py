@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event, inspect
 
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.errors import (
     CmsError,
     CollectionHasContentError,
@@ -33,6 +32,7 @@ from media_usage_orchestration.store.capture_triggers import (
     list_owned_triggers,
     remove_capture_triggers,
 )
+from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.deletions import (
     DeletionIdentityConflict,
     DeletionRepository,

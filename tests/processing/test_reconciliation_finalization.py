@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import update
 
-from media_usage_orchestration.cms import CmsWriter, FieldSpec
 from media_usage_orchestration.processing.projection import refresh_content_for_work
 from media_usage_orchestration.processing.reconciliation.model import (
     ENTRY_FAILED,
@@ -20,6 +19,7 @@ from media_usage_orchestration.processing.reconciliation.steps import record_ste
 from media_usage_orchestration.processing.work import process_due_work
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store import status as status_store
+from media_usage_orchestration.store.cms import CmsWriter, FieldSpec
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
 from tests.factories import insert_source, of
 from tests.processing.projection_helpers import canonical_key, find_source

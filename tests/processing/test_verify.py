@@ -6,7 +6,6 @@ from click.testing import CliRunner
 from sqlalchemy import delete, select, update
 
 from media_usage_orchestration.cli import main
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.processing.verify import DriftKind, verify_index
 from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.sample_content import (
@@ -16,6 +15,7 @@ from media_usage_orchestration.sample_content import (
     sample_entry,
 )
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter
 from tests.processing.projection_helpers import (
     active_collection,
     canonical_key,

@@ -8,7 +8,6 @@ import threading
 import pytest
 from sqlalchemy import delete, text, update
 
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.processing.retry_policy import WORK_RETRY
 from media_usage_orchestration.processing.work import (
     JOBS_PER_TICK,
@@ -21,6 +20,7 @@ from media_usage_orchestration.processing.work import (
 )
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store import status as status_store
+from media_usage_orchestration.store.cms import CmsWriter
 from tests.factories import draft_revision, insert_registry
 from tests.processing.projection_helpers import (
     active_collection,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.processing.activation import ActivationOutcome, activate
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter
 from tests.support import count
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from sqlalchemy import Engine, update
 
-from media_usage_orchestration.cms import Collection
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import Collection
 from media_usage_orchestration.store.deletions import (
     DeletionClaim,
     DeletionPhase,

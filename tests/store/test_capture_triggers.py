@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import Engine, select, text, update
 from sqlalchemy.exc import DBAPIError
 
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.capture_triggers import (
     CAPTURE_INACTIVE_MESSAGE,
@@ -22,6 +21,7 @@ from media_usage_orchestration.store.capture_triggers import (
     remove_capture_triggers,
     verify_capture_triggers,
 )
+from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.identifiers import InvalidIdentifierError
 from tests.support import (
     NO_MEDIA,

@@ -7,8 +7,8 @@ import pytest
 from sqlalchemy import inspect
 from sqlalchemy.exc import IntegrityError
 
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.deletions import (
     DeletionClaim,
     DeletionCleanupIncomplete,

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import delete, text, update
 
-from media_usage_orchestration.cms import CmsWriter
 from media_usage_orchestration.processing.content_reads import load_content_snapshots
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.engine import read_transaction
 from media_usage_orchestration.store.source_writes import SourceRepository
 from tests.factories import insert_occurrences, insert_revision

@@ -12,8 +12,7 @@ from __future__ import annotations
 import logging
 from enum import StrEnum
 
-from sqlalchemy import Engine
-
+from ...store.engine import Engine
 from ...store.reconciliations import ReconciliationClaim
 from ..run_loop import Budget, Paging, PagingEnd
 from . import steps, walks

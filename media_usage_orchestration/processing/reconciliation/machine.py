@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from sqlalchemy import Engine
-
 from ...media.fields import FieldDiscovery
 from ...media.fingerprints import field_fingerprint
 from ...media.sources import CONTENT_SOURCE_SCHEMA_VERSION
-from ...store.engine import read_transaction
+from ...store.engine import Engine, read_transaction
 from ...store.reconciliations import (
     ReconciliationClaim,
     ReconciliationPhase,

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine
-
+from ...store.engine import Engine
 from ...store.reconciliations import ReconciliationRepository
 from ..work import capture_is_active
 from . import machine

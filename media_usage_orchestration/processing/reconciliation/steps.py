@@ -15,8 +15,7 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 
-from sqlalchemy import Engine
-
+from ...store.engine import Engine
 from ...store.identifiers import require_text
 from ...store.leases import LeaseState
 from ...store.reconciliations import (

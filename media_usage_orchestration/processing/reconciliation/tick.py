@@ -10,8 +10,7 @@ import logging
 import random
 from collections.abc import Callable
 
-from sqlalchemy import Engine
-
+from ...store.engine import Engine
 from ...store.reconciliations import (
     ReconciliationClaim,
     ReconciliationPhase,

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Engine
-
+from ...store.engine import Engine
 from ...store.reconciliations import ReconciliationClaim, WorkBarrierState
 from ..run_loop import Budget, Page, Paging, PagingEnd, page_until_done
 from ..work import WorkBatchResult, process_due_batch

@@ -15,19 +15,19 @@ from typing import Any
 from sqlalchemy import JSON, Connection, Engine, delete, func, insert, select, update
 from ulid import ULID
 
-from .errors import CmsError
-from .store import schema
-from .store import status as status_store
-from .store.activation import writable_activation_state
-from .store.capture_triggers import (
+from ..errors import CmsError
+from . import schema
+from . import status as status_store
+from .activation import writable_activation_state
+from .capture_triggers import (
     CaptureIdentity,
     install_capture_triggers,
     verify_capture_triggers,
 )
-from .store.clock import now
-from .store.identifiers import content_table_name, validate_identifier
-from .store.registry import collection_id_for_slug
-from .store.schema import (
+from .clock import now
+from .identifiers import content_table_name, validate_identifier
+from .registry import collection_id_for_slug
+from .schema import (
     COLLECTION_SCOPE,
     CONTENT_ADAPTER_ID,
     ContentField,

@@ -1,0 +1,45 @@
+"""Throwaway PostgreSQL schemas: a database of its own for one measurement or one test, on a
+shared server, selected through the URL's `search_path` and dropped afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+
+from sqlalchemy import create_engine
+from sqlalchemy.engine import URL
+
+from .engine import normalize_url
+
+
+def with_search_path(server: str | URL, schema: str) -> URL:
+    """`server` whose connections use `schema` first, keeping any other `options`."""
+    url = normalize_url(server)
+    options = url.query.get("options")
+    options = f"{options} " if isinstance(options, str) and options else ""
+    return url.update_query_dict({"options": f"{options}-csearch_path={schema}"})
+
+
+@contextlib.contextmanager
+def scratch_schema(
+    server: str | URL, prefix: str, *, keep: bool = False
+) -> Iterator[tuple[str, str]]:
+    """(schema name, URL with the password) of a new empty schema `<prefix>_<random>`, dropped
+    on exit unless `keep`."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    admin = create_engine(normalize_url(server), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        try:
+            yield schema, with_search_path(server, schema).render_as_string(hide_password=False)
+        finally:
+            if not keep:
+                with admin.connect() as connection:
+                    connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+    finally:
+        admin.dispose()
+
+
+__all__ = ["scratch_schema", "with_search_path"]
