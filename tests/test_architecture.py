@@ -161,3 +161,14 @@ def test_media_is_pure_domain_logic():
 )
 def test_cycle_finder_finds_cycles(source, expected):
     assert _find_cycle(source) == expected
+
+
+def test_nothing_below_ops_imports_dagster():
+    below_ops = (f"{PACKAGE}.processing", f"{PACKAGE}.media", f"{PACKAGE}.store")
+    offenders = {
+        _relative(path)
+        for module, path in MODULES.items()
+        if module.startswith(below_ops)
+        and any(name.split(".")[0] == "dagster" for name in _imported_names(module, path))
+    }
+    assert offenders == set()
