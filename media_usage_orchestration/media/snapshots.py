@@ -77,7 +77,7 @@ def build_content_snapshots(
     row: Mapping[str, Any],
     revision: Mapping[str, Any] | None,
 ) -> SnapshotResult:
-    """Snapshots of a content row read by `content_rows_query`, with its draft revision row
+    """Snapshots of a content row read by `store.content`, with its draft revision row
     (None when the row has no draft or the revision does not exist)."""
     read_collection_id = row.get(COLLECTION_ID_RESULT)
     if not isinstance(read_collection_id, str) or not read_collection_id:
