@@ -95,9 +95,6 @@ NON_TERMINAL_ATTEMPT_CEILING = 4
 IDENTITY_MESSAGE = "Reconciliation requires an exact collection and run token"
 LIFECYCLE_MESSAGE = "Invalid media usage reconciliation lifecycle"
 
-_r = reconciliations
-_s = index_status
-
 
 class ReconciliationPhase(StrEnum):
     SCAN = "scan"
@@ -179,7 +176,7 @@ class OperatorRetryResult:
 
 def _row_fields(row: Any) -> dict[str, Any]:
     mapping = row._mapping
-    values = {column.name: mapping[column.name] for column in _r.c}
+    values = {column.name: mapping[column.name] for column in reconciliations.c}
     attempt_count = values.get("attempt_count")
     try:
         values["state"] = LeaseState(values["state"])
@@ -241,7 +238,13 @@ def _cursor(value: object, label: str) -> str | None:
 
 
 _CLAIMED_ROW = narrow(
-    _r, "collection_id", "collection_slug", "run_token", "state", "lease_token", "lease_expires_at"
+    reconciliations,
+    "collection_id",
+    "collection_slug",
+    "run_token",
+    "state",
+    "lease_token",
+    "lease_expires_at",
 )
 
 
@@ -278,11 +281,11 @@ def _status_owns_claimed_run(claim, target_epoch) -> ColumnElement[bool]:
 def _holds_lease(collection_id: str, run_token: str, lease_token: str) -> ColumnElement[bool]:
     """The row-level lease guard of every transition of the coordinator row itself."""
     return and_(
-        _r.c.collection_id == collection_id,
-        _r.c.run_token == run_token,
-        _r.c.state == LeaseState.LEASED.value,
-        _r.c.lease_token == lease_token,
-        lease_live_at_statement(_r.c.lease_expires_at),
+        reconciliations.c.collection_id == collection_id,
+        reconciliations.c.run_token == run_token,
+        reconciliations.c.state == LeaseState.LEASED.value,
+        reconciliations.c.lease_token == lease_token,
+        lease_live_at_statement(reconciliations.c.lease_expires_at),
     )
 
 
@@ -294,11 +297,11 @@ def _status_is_claim_target(claim: ReconciliationRecord) -> ColumnElement[bool]:
     """begin/restart may only take an active, untrusted status that nobody else is running."""
     return and_(
         is_content_collection_status(),
-        _s.c.collection_id == claim.collection_id,
-        _s.c.scope_key == claim.collection_slug,
-        _s.c.capture_state == "active",
-        _s.c.reconciliation_required == 1,
-        or_(_s.c.status != "running", _s.c.cursor == claim.run_token),
+        index_status.c.collection_id == claim.collection_id,
+        index_status.c.scope_key == claim.collection_slug,
+        index_status.c.capture_state == "active",
+        index_status.c.reconciliation_required == 1,
+        or_(index_status.c.status != "running", index_status.c.cursor == claim.run_token),
         live_claim_exists(claim),
     )
 
@@ -321,10 +324,10 @@ def _canonical_sources(collection_id: str, source=sources):
 
 def _unowned_status_for_row() -> Any:
     """Active status rows with untrusted coverage and no owner, matched to the row's identity."""
-    status = _s.alias("status")
+    status = index_status.alias("status")
     return status, and_(
-        status.c.collection_id == _r.c.collection_id,
-        status.c.scope_key == _r.c.collection_slug,
+        status.c.collection_id == reconciliations.c.collection_id,
+        status.c.scope_key == reconciliations.c.collection_slug,
         is_content_collection_status(status),
         status.c.capture_state == "active",
         status.c.reconciliation_required == 1,
@@ -336,7 +339,7 @@ def needs_reconciliation_row(status) -> ColumnElement[bool]:
     """The status row (an alias of the status table) is a current, active, undeleted
     collection's untrusted coverage, and the collection has no coordinator row yet: seeding
     inserts one for it."""
-    existing = _r.alias("existing")
+    existing = reconciliations.alias("existing")
     return and_(
         is_content_collection_status(status),
         status.c.capture_state == "active",
@@ -380,7 +383,7 @@ def _reset_values() -> dict[str, Any]:
 def find_due_statement(limit: int) -> Select:
     """One statement: due pending, due retry and lease-expired rows, each bounded, then merged
     (the seed's three CTEs, so each branch walks its own index)."""
-    return due_candidates_statement(_r, _candidate_limit(limit))
+    return due_candidates_statement(reconciliations, _candidate_limit(limit))
 
 
 def seed_next_candidate_statement(
@@ -388,7 +391,7 @@ def seed_next_candidate_statement(
 ):
     """INSERT ... SELECT the lowest eligible collection id, ON CONFLICT DO NOTHING; with
     `collection_id`, the same guarded insert for that collection only."""
-    status = _s.alias("status")
+    status = index_status.alias("status")
     candidate = (
         select(status.c.collection_id, status.c.scope_key, literal(run_token), now(), now())
         .where(needs_reconciliation_row(status))
@@ -399,10 +402,10 @@ def seed_next_candidate_statement(
         candidate = candidate.where(status.c.collection_id == collection_id)
     columns = ["collection_id", "collection_slug", "run_token", "next_attempt_at", "updated_at"]
     return (
-        dialect_insert(connection, _r)
+        dialect_insert(connection, reconciliations)
         .from_select(columns, candidate)
-        .on_conflict_do_nothing(index_elements=[_r.c.collection_id])
-        .returning(_r.c.collection_id)
+        .on_conflict_do_nothing(index_elements=[reconciliations.c.collection_id])
+        .returning(reconciliations.c.collection_id)
     )
 
 
@@ -449,26 +452,30 @@ def _owns_run_statement():
 @functools.lru_cache(maxsize=16)
 def _renew_statement(lease_seconds: int):
     return (
-        update(_r)
+        update(reconciliations)
         .where(_claim_holds_lease(_BOUND_CLAIM))
         .values(lease_expires_at=timestamp_offset(lease_seconds), updated_at=now())
-        .returning(_r.c.lease_expires_at)
+        .returning(reconciliations.c.lease_expires_at)
     )
 
 
 @functools.lru_cache(maxsize=8)
 def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool):
-    cursor = _r.c.scan_cursor if phase is ReconciliationPhase.SCAN else _r.c.source_cursor
+    cursor = (
+        reconciliations.c.scan_cursor
+        if phase is ReconciliationPhase.SCAN
+        else reconciliations.c.source_cursor
+    )
     # Compare-and-set on the cursor: a replayed or concurrent page cannot move it twice.
     observed = (
         cursor == bindparam("previous_cursor", type_=Text) if has_previous else cursor.is_(None)
     )
     return (
-        update(_r)
+        update(reconciliations)
         .where(
             _claim_holds_lease(_BOUND_CLAIM),
-            _r.c.target_epoch == _BOUND_EPOCH,
-            _r.c.phase == phase.value,
+            reconciliations.c.target_epoch == _BOUND_EPOCH,
+            reconciliations.c.phase == phase.value,
             _status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH),
             observed,
         )
@@ -535,7 +542,10 @@ class ReconciliationRepository:
         _require_identity(collection_id, run_token)
         with read_transaction(self.engine) as connection:
             row = connection.execute(
-                select(_r).where(_r.c.collection_id == collection_id, _r.c.run_token == run_token)
+                select(reconciliations).where(
+                    reconciliations.c.collection_id == collection_id,
+                    reconciliations.c.run_token == run_token,
+                )
             ).first()
         return _to_record(row) if row is not None else None
 
@@ -544,13 +554,17 @@ class ReconciliationRepository:
         collection has at most one)."""
         require_text(collection_id, "Reconciliation lookup requires a collection ID")
         with read_transaction(self.engine) as connection:
-            row = connection.execute(select(_r).where(_r.c.collection_id == collection_id)).first()
+            row = connection.execute(
+                select(reconciliations).where(reconciliations.c.collection_id == collection_id)
+            ).first()
         return _to_record(row) if row is not None else None
 
     def find_all(self) -> list[ReconciliationRecord]:
         """Beyond the seed: every collection's coordinator (at most one each), by slug, for
         operators."""
-        statement = select(_r).order_by(_r.c.collection_slug, _r.c.collection_id)
+        statement = select(reconciliations).order_by(
+            reconciliations.c.collection_slug, reconciliations.c.collection_id
+        )
         with read_transaction(self.engine) as connection:
             return [_to_record(row) for row in connection.execute(statement)]
 
@@ -559,12 +573,12 @@ class ReconciliationRepository:
         collection cannot be claimed."""
         require_text(collection_id, "Reconciliation lookup requires a collection ID")
         statement = select(
-            _s.c.status,
-            _s.c.capture_state,
-            _s.c.reconciliation_required,
-            _s.c.cursor,
-            _s.c.change_epoch,
-        ).where(is_content_collection_status(), _s.c.collection_id == collection_id)
+            index_status.c.status,
+            index_status.c.capture_state,
+            index_status.c.reconciliation_required,
+            index_status.c.cursor,
+            index_status.c.change_epoch,
+        ).where(is_content_collection_status(), index_status.c.collection_id == collection_id)
         with read_transaction(self.engine) as connection:
             row = connection.execute(statement).first()
         if row is None:
@@ -587,8 +601,8 @@ class ReconciliationRepository:
         someone else, this run still owns a running status, or the epoch moved past the one the
         row failed at (never a row without one: see `find_stuck_failed`)."""
         limit = _candidate_limit(limit)
-        reconciliation = _r.alias("reconciliation")
-        status = _s.alias("status")
+        reconciliation = reconciliations.alias("reconciliation")
+        status = index_status.alias("status")
         statement = (
             select(reconciliation)
             .join(
@@ -690,7 +704,9 @@ class ReconciliationRepository:
         """Take the coverage status for this run; the epoch moves unless this run already
         holds it (a resumed first step keeps its epoch and start time)."""
         _require_claim(claim)
-        same_run = and_(_s.c.status == "running", _s.c.cursor == claim.run_token)
+        same_run = and_(
+            index_status.c.status == "running", index_status.c.cursor == claim.run_token
+        )
         return self._take_status(claim, same_run, indexed_source_count=0, failed_source_count=0)
 
     def _take_status(
@@ -699,20 +715,23 @@ class ReconciliationRepository:
         """Make the claim's run the running owner of its status; where `keeps_epoch` holds,
         the epoch and start time stay as they are, otherwise the epoch moves."""
         statement = (
-            update(_s)
+            update(index_status)
             .where(_status_is_claim_target(claim))
             .values(
                 status="running",
-                started_at=case((keeps_epoch, _s.c.started_at), else_=now()),
+                started_at=case((keeps_epoch, index_status.c.started_at), else_=now()),
                 completed_at=None,
                 cursor=claim.run_token,
                 last_error_code=None,
-                change_epoch=case((keeps_epoch, _s.c.change_epoch), else_=_s.c.change_epoch + 1),
+                change_epoch=case(
+                    (keeps_epoch, index_status.c.change_epoch),
+                    else_=index_status.c.change_epoch + 1,
+                ),
                 reconciliation_required=1,
                 updated_at=now(),
                 **extra,
             )
-            .returning(_s.c.change_epoch)
+            .returning(index_status.c.change_epoch)
         )
         row = self._returning(statement)
         return int(row.change_epoch) if row is not None else None
@@ -726,7 +745,11 @@ class ReconciliationRepository:
     ) -> bool:
         _require_claim(claim)
         return self._start_scan(
-            claim, _r.c.target_epoch.is_(None), target_epoch, field_fingerprint, scan_upper_id
+            claim,
+            reconciliations.c.target_epoch.is_(None),
+            target_epoch,
+            field_fingerprint,
+            scan_upper_id,
         )
 
     def _start_scan(
@@ -744,7 +767,7 @@ class ReconciliationRepository:
         require_text(field_fingerprint, "Reconciliation requires a field fingerprint")
         scan_upper_id = _cursor(scan_upper_id, "scan upper id")
         statement = (
-            update(_r)
+            update(reconciliations)
             .where(_claim_holds_lease(claim), pinned_epoch, _status_owns_claimed_run(claim, epoch))
             .values(
                 target_epoch=epoch,
@@ -801,9 +824,9 @@ class ReconciliationRepository:
         _require_claim(claim)
         previous = _epoch(previous_epoch, "Reconciliation previous epoch")
         interrupted = and_(
-            _s.c.status == "running",
-            _s.c.cursor == claim.run_token,
-            _s.c.change_epoch > previous,
+            index_status.c.status == "running",
+            index_status.c.cursor == claim.run_token,
+            index_status.c.change_epoch > previous,
         )
         return self._take_status(claim, interrupted)
 
@@ -819,7 +842,7 @@ class ReconciliationRepository:
         previous = _epoch(previous_epoch, "Reconciliation previous epoch")
         return self._start_scan(
             claim,
-            _r.c.target_epoch == previous,
+            reconciliations.c.target_epoch == previous,
             target_epoch,
             field_fingerprint,
             scan_upper_id,
@@ -860,12 +883,12 @@ class ReconciliationRepository:
         require_text(field_fingerprint, "Reconciliation requires a field fingerprint")
         source_upper_key = _cursor(source_upper_key, "source upper key")
         statement = (
-            update(_r)
+            update(reconciliations)
             .where(
                 _claim_holds_lease(claim),
-                _r.c.target_epoch == epoch,
-                _r.c.field_fingerprint == field_fingerprint,
-                _r.c.phase == ReconciliationPhase.SCAN.value,
+                reconciliations.c.target_epoch == epoch,
+                reconciliations.c.field_fingerprint == field_fingerprint,
+                reconciliations.c.phase == ReconciliationPhase.SCAN.value,
                 _status_owns_claimed_run(claim, epoch),
                 _no_work_rows(claim.collection_id),
             )
@@ -933,7 +956,7 @@ class ReconciliationRepository:
         """Publish a failed run on the status it still owns: `partial` when a canonical index
         exists, `failed` otherwise; an entry failure reports the first failed work's code."""
         _require_identity(collection_id, run_token)
-        reconciliation = _r.alias("reconciliation")
+        reconciliation = reconciliations.alias("reconciliation")
         recorded_code = (
             select(reconciliation.c.last_error_code)
             .where(
@@ -958,12 +981,12 @@ class ReconciliationRepository:
             .limit(1)
         )
         statement = (
-            update(_s)
+            update(index_status)
             .where(
                 is_content_collection_status(),
-                _s.c.collection_id == collection_id,
-                _s.c.status == "running",
-                _s.c.cursor == run_token,
+                index_status.c.collection_id == collection_id,
+                index_status.c.status == "running",
+                index_status.c.cursor == run_token,
                 exists(
                     select(reconciliation.c.collection_id).where(
                         reconciliation.c.collection_id == collection_id,
@@ -1003,16 +1026,16 @@ class ReconciliationRepository:
         require_text(field_fingerprint, "Reconciliation requires a field fingerprint")
         schema_version = positive_whole(schema_version, "Reconciliation schema version")
         statement = (
-            update(_s)
+            update(index_status)
             .where(
                 is_content_collection_status(),
-                _s.c.collection_id == claim.collection_id,
-                _s.c.scope_key == claim.collection_slug,
-                _s.c.capture_state == "active",
-                _s.c.reconciliation_required == 1,
-                _s.c.status == "running",
-                _s.c.cursor == claim.run_token,
-                _s.c.change_epoch == epoch,
+                index_status.c.collection_id == claim.collection_id,
+                index_status.c.scope_key == claim.collection_slug,
+                index_status.c.capture_state == "active",
+                index_status.c.reconciliation_required == 1,
+                index_status.c.status == "running",
+                index_status.c.cursor == claim.run_token,
+                index_status.c.change_epoch == epoch,
                 _no_work_rows(claim.collection_id),
                 self._finalizing_claim(claim, epoch, field_fingerprint),
                 activation_is_active(),
@@ -1033,7 +1056,7 @@ class ReconciliationRepository:
     def _finalizing_claim(
         claim: ReconciliationRecord, epoch: int, field_fingerprint: str
     ) -> ColumnElement[bool]:
-        reconciliation = _r.alias("reconciliation")
+        reconciliation = reconciliations.alias("reconciliation")
         return exists(
             select(reconciliation.c.collection_id).where(
                 registry_identity_is_current(
@@ -1054,12 +1077,12 @@ class ReconciliationRepository:
     def delete_finalized(self, claim: ReconciliationRecord) -> bool:
         """Drop the coordinator once its own finalize made coverage complete."""
         _require_claim(claim)
-        status = _s.alias("status")
-        statement = delete(_r).where(
-            _r.c.collection_id == claim.collection_id,
-            _r.c.run_token == claim.run_token,
-            _r.c.state == LeaseState.LEASED.value,
-            _r.c.lease_token == claim.lease_token,
+        status = index_status.alias("status")
+        statement = delete(reconciliations).where(
+            reconciliations.c.collection_id == claim.collection_id,
+            reconciliations.c.run_token == claim.run_token,
+            reconciliations.c.state == LeaseState.LEASED.value,
+            reconciliations.c.lease_token == claim.lease_token,
             exists(
                 select(status.c.collection_id).where(
                     status.c.collection_id == claim.collection_id,
@@ -1106,20 +1129,22 @@ class ReconciliationRepository:
         fenced exactly as after a schema change."""
         require_text(collection_id, "Reconciliation request requires a collection ID")
         statement = (
-            update(_s)
+            update(index_status)
             .where(
                 is_content_collection_status(),
-                _s.c.collection_id == collection_id,
-                _s.c.capture_state == "active",
-                _s.c.reconciliation_required == 0,
-                _s.c.status != "running",
-                _s.c.cursor.is_(None),
-                registry_identity_is_current(_s.c.collection_id, _s.c.scope_key),
+                index_status.c.collection_id == collection_id,
+                index_status.c.capture_state == "active",
+                index_status.c.reconciliation_required == 0,
+                index_status.c.status != "running",
+                index_status.c.cursor.is_(None),
+                registry_identity_is_current(
+                    index_status.c.collection_id, index_status.c.scope_key
+                ),
                 activation_is_active(),
-                no_deletion_tombstone(_s.c.collection_id),
+                no_deletion_tombstone(index_status.c.collection_id),
             )
             .values(
-                change_epoch=_s.c.change_epoch + 1,
+                change_epoch=index_status.c.change_epoch + 1,
                 status="stale",
                 reconciliation_required=1,
                 cursor=None,
@@ -1136,14 +1161,14 @@ class ReconciliationRepository:
         validate_duration(lease_duration_seconds, "Reconciliation lease duration", allow_zero=False)
         lease_token = str(ULID())
         statement = (
-            update(_r)
+            update(reconciliations)
             .where(
-                _r.c.collection_id == collection_id,
-                _r.c.run_token == run_token,
-                is_claimable(_r),
+                reconciliations.c.collection_id == collection_id,
+                reconciliations.c.run_token == run_token,
+                is_claimable(reconciliations),
                 activation_is_active(),
                 _claimable_status(),
-                no_deletion_tombstone(_r.c.collection_id),
+                no_deletion_tombstone(reconciliations.c.collection_id),
             )
             .values(
                 state=LeaseState.LEASED.value,
@@ -1151,7 +1176,7 @@ class ReconciliationRepository:
                 lease_expires_at=timestamp_offset(lease_duration_seconds),
                 updated_at=now(),
             )
-            .returning(*_r.c)
+            .returning(*reconciliations.c)
         )
         row = self._returning(statement)
         return _to_claim(row) if row is not None else None
@@ -1175,7 +1200,7 @@ class ReconciliationRepository:
         _require_lease_identity(collection_id, run_token, lease_token)
         validate_duration(delay_seconds, "Reconciliation release delay", allow_zero=True)
         statement = (
-            update(_r)
+            update(reconciliations)
             .where(_holds_lease(collection_id, run_token, lease_token))
             .values(
                 state=LeaseState.PENDING.value,
@@ -1206,10 +1231,13 @@ class ReconciliationRepository:
             raise ValueError("Reconciliation failure requires an explicit terminal flag")
         values: dict[str, Any] = {
             "state": case(
-                (_r.c.attempt_count >= NON_TERMINAL_ATTEMPT_CEILING, LeaseState.FAILED.value),
+                (
+                    reconciliations.c.attempt_count >= NON_TERMINAL_ATTEMPT_CEILING,
+                    LeaseState.FAILED.value,
+                ),
                 else_=LeaseState.RETRY.value,
             ),
-            "attempt_count": _r.c.attempt_count + 1,
+            "attempt_count": reconciliations.c.attempt_count + 1,
             "next_attempt_at": timestamp_offset(retry_delay_seconds),
             "lease_token": None,
             "lease_expires_at": None,
@@ -1219,10 +1247,12 @@ class ReconciliationRepository:
         if terminal:
             values["state"] = LeaseState.FAILED.value
             values["target_epoch"] = func.coalesce(
-                _r.c.target_epoch, _running_epoch(collection_id, run_token)
+                reconciliations.c.target_epoch, _running_epoch(collection_id, run_token)
             )
         statement = (
-            update(_r).where(_holds_lease(collection_id, run_token, lease_token)).values(values)
+            update(reconciliations)
+            .where(_holds_lease(collection_id, run_token, lease_token))
+            .values(values)
         )
         return self._write(statement)
 
@@ -1231,7 +1261,7 @@ class ReconciliationRepository:
         _require_claim(claim)
         failed_work = work.alias("work")
         statement = (
-            update(_r)
+            update(reconciliations)
             .where(
                 _claim_holds_lease(claim),
                 exists(
@@ -1243,7 +1273,7 @@ class ReconciliationRepository:
             )
             .values(
                 state=LeaseState.FAILED.value,
-                attempt_count=_r.c.attempt_count + 1,
+                attempt_count=reconciliations.c.attempt_count + 1,
                 next_attempt_at=now(),
                 lease_token=None,
                 lease_expires_at=None,
@@ -1262,12 +1292,12 @@ class ReconciliationRepository:
         target_epoch = _epoch(observed.target_epoch)
         status, unowned = _unowned_status_for_row()
         statement = (
-            update(_r)
+            update(reconciliations)
             .where(
-                _r.c.collection_id == observed.collection_id,
-                _r.c.run_token == observed.run_token,
-                _r.c.state == LeaseState.FAILED.value,
-                _r.c.target_epoch == target_epoch,
+                reconciliations.c.collection_id == observed.collection_id,
+                reconciliations.c.run_token == observed.run_token,
+                reconciliations.c.state == LeaseState.FAILED.value,
+                reconciliations.c.target_epoch == target_epoch,
                 exists(
                     select(status.c.collection_id).where(
                         unowned, status.c.change_epoch > target_epoch
@@ -1287,13 +1317,13 @@ class ReconciliationRepository:
         limit = _candidate_limit(limit)
         status, unowned = _unowned_status_for_row()
         statement = (
-            select(_r)
+            select(reconciliations)
             .where(
-                _r.c.state == LeaseState.FAILED.value,
-                _r.c.target_epoch.is_(None),
+                reconciliations.c.state == LeaseState.FAILED.value,
+                reconciliations.c.target_epoch.is_(None),
                 exists(select(status.c.collection_id).where(unowned)),
             )
-            .order_by(_r.c.updated_at, _r.c.collection_id)
+            .order_by(reconciliations.c.updated_at, reconciliations.c.collection_id)
             .limit(limit)
         )
         with read_transaction(self.engine) as connection:
@@ -1308,16 +1338,16 @@ class ReconciliationRepository:
         status, unowned = _unowned_status_for_row()
         observed_epoch = select(status.c.change_epoch).where(unowned).scalar_subquery()
         statement = (
-            update(_r)
+            update(reconciliations)
             .where(
-                _r.c.collection_id == collection_id,
-                _r.c.run_token == run_token,
-                _r.c.state == LeaseState.FAILED.value,
-                _r.c.target_epoch.is_(None),
+                reconciliations.c.collection_id == collection_id,
+                reconciliations.c.run_token == run_token,
+                reconciliations.c.state == LeaseState.FAILED.value,
+                reconciliations.c.target_epoch.is_(None),
                 exists(select(status.c.collection_id).where(unowned)),
             )
             .values(target_epoch=observed_epoch, updated_at=now())
-            .returning(_r.c.target_epoch)
+            .returning(reconciliations.c.target_epoch)
         )
         row = self._returning(statement)
         return int(row.target_epoch) if row is not None else None
@@ -1329,11 +1359,11 @@ class ReconciliationRepository:
         require_text(collection_id, "Reconciliation reset requires a collection ID")
         status, unowned = _unowned_status_for_row()
         statement = (
-            update(_r)
+            update(reconciliations)
             .where(
-                _r.c.collection_id == collection_id,
-                _r.c.state == LeaseState.FAILED.value,
-                _r.c.target_epoch.is_(None),
+                reconciliations.c.collection_id == collection_id,
+                reconciliations.c.state == LeaseState.FAILED.value,
+                reconciliations.c.target_epoch.is_(None),
                 exists(select(status.c.collection_id).where(unowned)),
             )
             .values(_reset_values())
@@ -1347,11 +1377,11 @@ class ReconciliationRepository:
         automatic lane; every later write still asserts the lease, the epoch and the cursors."""
         _require_identity(collection_id, run_token)
         statement = (
-            update(_r)
+            update(reconciliations)
             .where(
-                _r.c.collection_id == collection_id,
-                _r.c.run_token == run_token,
-                _r.c.state == LeaseState.RETRY.value,
+                reconciliations.c.collection_id == collection_id,
+                reconciliations.c.run_token == run_token,
+                reconciliations.c.state == LeaseState.RETRY.value,
             )
             .values(next_attempt_at=now(), updated_at=now())
         )
@@ -1364,10 +1394,13 @@ class ReconciliationRepository:
         require_text(collection_id, "Reconciliation retry requires a collection ID")
         with self.engine.begin() as connection:
             reopened = connection.execute(
-                update(_r)
-                .where(_r.c.collection_id == collection_id, is_reopenable_by_operator(_r))
+                update(reconciliations)
+                .where(
+                    reconciliations.c.collection_id == collection_id,
+                    is_reopenable_by_operator(reconciliations),
+                )
                 .values(_reset_values())
-                .returning(*_r.c)
+                .returning(*reconciliations.c)
             ).first()
             if reopened is not None:
                 return OperatorRetryResult(OperatorRetryOutcome.PENDING, _to_record(reopened))
@@ -1376,9 +1409,10 @@ class ReconciliationRepository:
     @staticmethod
     def _retry_refusal(connection: Connection, collection_id: str) -> OperatorRetryResult:
         observed = connection.execute(
-            select(_r, lease_live_at_statement(_r.c.lease_expires_at).label("lease_live")).where(
-                _r.c.collection_id == collection_id
-            )
+            select(
+                reconciliations,
+                lease_live_at_statement(reconciliations.c.lease_expires_at).label("lease_live"),
+            ).where(reconciliations.c.collection_id == collection_id)
         ).first()
         if observed is None:
             return OperatorRetryResult(OperatorRetryOutcome.NOT_FOUND)
@@ -1395,12 +1429,12 @@ class ReconciliationRepository:
 
 def _claimable_status() -> ColumnElement[bool]:
     """Only a collection whose coverage is untrusted, active and current may be reconciled."""
-    status = _s.alias("status")
+    status = index_status.alias("status")
     return exists(
         select(status.c.collection_id).where(
             registry_identity_is_current(status.c.collection_id, status.c.scope_key),
-            status.c.collection_id == _r.c.collection_id,
-            status.c.scope_key == _r.c.collection_slug,
+            status.c.collection_id == reconciliations.c.collection_id,
+            status.c.scope_key == reconciliations.c.collection_slug,
             is_content_collection_status(status),
             status.c.capture_state == "active",
             status.c.reconciliation_required == 1,
@@ -1411,7 +1445,7 @@ def _claimable_status() -> ColumnElement[bool]:
 def _running_epoch(collection_id: str, run_token: str):
     """The epoch of a status this run is running, if any: a terminal failure before
     `initialize_scan` still records the epoch it must wait out."""
-    status = _s.alias("status")
+    status = index_status.alias("status")
     return (
         select(status.c.change_epoch)
         .where(
@@ -1425,8 +1459,8 @@ def _running_epoch(collection_id: str, run_token: str):
 
 
 def delete_one_obsolete_statement():
-    reconciliation = _r.alias("reconciliation")
-    status = _s.alias("status")
+    reconciliation = reconciliations.alias("reconciliation")
+    status = index_status.alias("status")
     oldest_obsolete = (
         select(reconciliation.c.collection_id, reconciliation.c.run_token)
         .join(
@@ -1441,9 +1475,13 @@ def delete_one_obsolete_statement():
         .limit(1)
     )
     return (
-        delete(_r)
-        .where(tuple_(_r.c.collection_id, _r.c.run_token).in_(oldest_obsolete))
-        .returning(_r.c.collection_id)
+        delete(reconciliations)
+        .where(
+            tuple_(reconciliations.c.collection_id, reconciliations.c.run_token).in_(
+                oldest_obsolete
+            )
+        )
+        .returning(reconciliations.c.collection_id)
     )
 
 
