@@ -24,6 +24,7 @@ JOB_OF_SENSOR: dict[str, dg.JobDefinition] = {
     sensors.media_usage_work_sensor.name: jobs.media_usage_work,
     sensors.media_usage_reconciliation_sensor.name: jobs.media_usage_reconciliation,
     sensors.media_usage_collection_deletion_sensor.name: jobs.media_usage_collection_deletion,
+    sensors.media_usage_projection_gc_sensor.name: jobs.media_usage_projection_gc,
 }
 
 
