@@ -348,7 +348,7 @@ def _projection_gc_keeps_the_end_state(engine: Engine, collection_ids, expected)
             dict(row) for row in connection.execute(select(occurrences).limit(40)).mappings()
         ]
     leftovers = [
-        {**row, "id": str(ULID()), "generation": "0" + row["generation"][1:]} for row in current
+        {**row, "id": str(ULID()), "generation": "00" + row["generation"][2:]} for row in current
     ] + [{**row, "id": str(ULID()), "source_key": "gone:" + row["source_key"]} for row in current]
     with engine.begin() as connection:
         connection.execute(occurrences.insert(), leftovers)
