@@ -30,7 +30,7 @@ from rich.text import Text
 
 from .bench import bench
 from .console import add_row, coverage_table, items_table, literal
-from .processing import operator
+from .processing import operator, usage
 from .processing.verify import VerifyReport, verify_index
 from .store import schema
 from .store.engine import (
@@ -395,6 +395,69 @@ def reconciliations_retry(collection: str, database_url: str | None, as_json: bo
     _finish_retry(f"Reconciliation of {collection}", report, as_json)
 
 
+@main.command("usage")
+@click.argument("media_id")
+@click.option("--provider", default="local", show_default=True, help="Media provider of MEDIA_ID.")
+@limit_option(usage.DEFAULT_USAGE_LIMIT)
+@click.option("--cursor", default=None, help="The next cursor printed by the previous page.")
+@database_url_option
+@json_option
+def usage_verb(
+    media_id: str,
+    provider: str,
+    limit: int,
+    cursor: str | None,
+    database_url: str | None,
+    as_json: bool,
+) -> None:
+    """Where a media item is used: entries (paged by entry), variant and field path, with each
+    collection's coverage. "Not used" is said only when coverage proves it."""
+    report = usage.media_usage(
+        _engine(database_url), media_id, provider=provider, limit=limit, cursor=cursor
+    )
+    if as_json:
+        _print_json(report.as_dict())
+        return
+    title = f"Usage of {report.media_id} ({report.provider})"
+    lines = usage_lines(report)
+    if lines:
+        console.print(items_table(title, lines, USAGE_COLUMNS))
+    if report.next_cursor:
+        click.echo(f"More: --cursor {report.next_cursor}")
+    click.echo(coverage_line(report.coverage))
+    if not lines:
+        click.echo(f"{title}: {_absence(report)}")
+
+
+@main.command("unused")
+@limit_option(usage.DEFAULT_USAGE_LIMIT)
+@click.option("--cursor", default=None, help="The next cursor printed by the previous page.")
+@database_url_option
+@json_option
+def unused_verb(limit: int, cursor: str | None, database_url: str | None, as_json: bool) -> None:
+    """Media of EmDash's library no content field uses, with the bytes that could be
+    reclaimed. Deletes nothing; refused (exit 1) unless every collection's coverage is
+    complete."""
+    try:
+        report = usage.unused_media(_engine(database_url), limit=limit, cursor=cursor)
+    except usage.CoverageIncomplete as refusal:
+        click.echo(f"Refused: {refusal}", err=True)
+        _exit_problem()
+    if as_json:
+        _print_json(report.as_dict())
+        return
+    if report.items:
+        console.print(items_table("Unused media", report.items, UNUSED_COLUMNS))
+    if report.next_cursor:
+        click.echo(f"More: --cursor {report.next_cursor}")
+    summary = report.summary
+    click.echo(
+        f"{summary.media} media, {summary.used} used, {summary.unused} unused; "
+        f"{summary.reclaimable_bytes} bytes reclaimable (nothing was deleted)"
+    )
+    click.echo(f"Note: {report.not_indexed}.")
+
+
 # --- output -----------------------------------------------------------------------------------
 
 
@@ -517,6 +580,65 @@ def verify_differences_table(report: VerifyReport, limit: int) -> Table:
             difference.detail,
         )
     return table
+
+
+@dataclasses.dataclass(frozen=True)
+class UsageLine:
+    collection: str
+    content_id: str
+    slug: str | None
+    title: str | None
+    status: str | None
+    variant: str
+    field_path: str
+
+
+USAGE_COLUMNS = {
+    "collection": "collection",
+    "entry": "content_id",
+    "slug": "slug",
+    "title": "title",
+    "status": "status",
+    "variant": "variant",
+    "field path": "field_path",
+}
+UNUSED_COLUMNS = _columns("id", "filename", "mime_type", "size", "status")
+
+
+def usage_lines(report: usage.UsageReport) -> list[UsageLine]:
+    """One line per occurrence; a trashed entry shows `trashed` as its status."""
+    lines = []
+    for entry in report.entries:
+        status = "trashed" if entry.deleted_at else entry.status
+        for source in entry.sources:
+            for occurrence in source.occurrences:
+                lines.append(
+                    UsageLine(
+                        entry.collection,
+                        entry.content_id,
+                        entry.slug,
+                        entry.title,
+                        status,
+                        source.label,
+                        occurrence.field_path,
+                    )
+                )
+    return lines
+
+
+def coverage_line(coverage: usage.Coverage) -> str:
+    parts = ", ".join(f"{view.collection} {view.coverage}" for view in coverage.collections)
+    return f"Coverage: {coverage.status}" + (f" ({parts})" if parts else "")
+
+
+def _absence(report: usage.UsageReport) -> str:
+    if report.proven_unused:
+        return f"not used in any content field ({usage.NOT_INDEXED})"
+    incomplete = ", ".join(view.collection for view in report.coverage.incomplete)
+    return (
+        f"no usage found, but coverage is not complete ({incomplete}): "
+        "this does not prove it is unused"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,11 +4,13 @@ import dagster as dg
 
 from . import jobs, schedules, sensors
 from .ops.coverage import media_usage_index
+from .ops.media_library import media_usage_media_library
+from .ops.projection_gc import media_usage_projection_cleanup
 from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 
 defs = dg.Definitions(
-    assets=[media_usage_index],
+    assets=[media_usage_index, media_usage_projection_cleanup, media_usage_media_library],
     jobs=[
         jobs.media_usage_work,
         jobs.media_usage_reconciliation,
@@ -19,11 +21,13 @@ defs = dg.Definitions(
         jobs.retry_media_usage_work_job,
         jobs.retry_collection_deletion_job,
         jobs.retry_media_usage_reconciliation_job,
+        jobs.media_usage_projection_gc,
     ],
     sensors=[
         sensors.media_usage_work_sensor,
         sensors.media_usage_reconciliation_sensor,
         sensors.media_usage_collection_deletion_sensor,
+        sensors.media_usage_projection_gc_sensor,
     ],
     schedules=[schedules.media_usage_maintenance_schedule],
     resources={"database": MediaUsageDatabase(), "automation": MediaUsageAutomation()},

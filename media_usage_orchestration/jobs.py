@@ -15,11 +15,13 @@ from .ops.deletion import (
     request_deletion,
 )
 from .ops.maintenance import settle_and_seed_reconciliations, sync_collection_partitions
+from .ops.media_library import summarize_media_library
 from .ops.operator import (
     reopen_collection_deletion,
     reopen_failed_work,
     reopen_reconciliation,
 )
+from .ops.projection_gc import collect_projection_garbage
 from .ops.reconciliation import (
     claim_reconciliation,
     drain_collection_work,
@@ -112,6 +114,18 @@ def media_usage_reconciliation():
 def media_usage_maintenance():
     settle_and_seed_reconciliations()
     sync_collection_partitions()
+
+
+@dg.job(
+    name="media_usage_projection_gc",
+    description="EmDash's projection GC: one lease-guarded pass that deletes expired "
+    "generation-write leases and a bounded batch of obsolete occurrences (orphans, stale and "
+    "abandoned generations past the safety window), then records the media library summary.",
+    executor_def=dg.in_process_executor,
+    tags={"media_usage/workflow": "projection_gc"},
+)
+def media_usage_projection_gc():
+    summarize_media_library(collect_projection_garbage())
 
 
 def _operator_job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDefinition:

@@ -9,15 +9,22 @@ import hashlib
 
 import dagster as dg
 
-from .jobs import media_usage_collection_deletion, media_usage_reconciliation, media_usage_work
+from .jobs import (
+    media_usage_collection_deletion,
+    media_usage_projection_gc,
+    media_usage_reconciliation,
+    media_usage_work,
+)
 from .ops.common import automation_default_status
 from .ops.leased import COLLECTION_TAG
 from .partitions import media_usage_collections
+from .processing.projection_gc import GcLimits
 from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 from .store.deletions import DeletionRepository
 from .store.engine import CONNECTION_ERRORS, DATABASE_URL_ENV, database_error_message, scrubbed
 from .store.probes import due_reconciliations, earliest_due_work
+from .store.projection_gc import ProjectionGcRepository
 from .store.schema import missing_tables
 
 COLLECTION_ID_TAG = "media_usage/collection_id"
@@ -225,3 +232,38 @@ def media_usage_reconciliation_sensor(
             dynamic_partitions_requests=partition_requests,
         )
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=partition_requests)
+
+
+@dg.sensor(
+    job=media_usage_projection_gc,
+    minimum_interval_seconds=60,
+    default_status=automation_default_status(),
+    description="A projection-GC run when the projection_gc task row is due and a pass has "
+    "something to do (expired write leases, obsolete occurrences in the next scan window, or "
+    "a sweep to advance); one probe reading at most one scan window through the index.",
+)
+def media_usage_projection_gc_sensor(
+    context: dg.SensorEvaluationContext, database: MediaUsageDatabase
+):
+    if skip := database_not_ready(database):
+        return skip
+    limits = GcLimits()
+    due = ProjectionGcRepository(database.engine).due_work(
+        limits.candidate_limit, limits.safety_window_seconds
+    )
+    if due is None:
+        return dg.SkipReason("the projection GC is not due (or a pass holds its lease)")
+    if not due.has_work:
+        return dg.SkipReason("no projection GC candidates")
+    if runs_in_flight(context.instance, media_usage_projection_gc.name):
+        return dg.SkipReason("a projection GC run is already queued or running")
+    return dg.RunRequest(
+        run_key=run_key(
+            "gc",
+            "projection_gc",
+            due.next_eligible_at,
+            due.updated_at,
+            last_unsuccessful_run_id(context.instance, media_usage_projection_gc.name),
+        ),
+        tags={"media_usage/workflow": "projection_gc"},
+    )

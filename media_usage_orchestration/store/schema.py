@@ -36,6 +36,7 @@ from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.selectable import TableClause
 
+from .cleanup_fence import install_cleanup_fence
 from .clock import POSTGRES_CLOCK_UTC, postgres_time_text, sqlite_time_text
 from .identifiers import content_table_name, quote_identifier, validate_identifier
 
@@ -632,6 +633,7 @@ def install_schema(connection: Connection, tables: Iterable[Table] = EMDASH_TABL
         added.extend(_add_missing_columns(connection, table, inspector))
         added.extend(_add_missing_indexes(connection, table, inspector))
     added.extend(_seed_rows(connection))
+    added.extend(install_cleanup_fence(connection))
     return added
 
 

@@ -35,6 +35,7 @@ JOBS = {
         "scan_sources",
         "finalize_coverage",
     ],
+    "media_usage_projection_gc": ["collect_projection_garbage", "summarize_media_library"],
     "media_usage_work": ["process_due_work"],
     "request_collection_deletion": ["request_deletion"],
     "retry_collection_deletion": ["reopen_collection_deletion"],
@@ -46,6 +47,7 @@ WORKFLOW_TAGS = {
     "media_usage_collection_deletion": "collection_deletion",
     "media_usage_maintenance": "maintenance",
     "media_usage_reconciliation": "reconciliation",
+    "media_usage_projection_gc": "projection_gc",
     "media_usage_work": "work",
     "request_collection_deletion": "collection_deletion_request",
     "retry_collection_deletion": "operator",
@@ -54,6 +56,7 @@ WORKFLOW_TAGS = {
 }
 SENSORS = {
     "media_usage_collection_deletion_sensor": ("media_usage_collection_deletion", 30),
+    "media_usage_projection_gc_sensor": ("media_usage_projection_gc", 60),
     "media_usage_reconciliation_sensor": ("media_usage_reconciliation", 30),
     "media_usage_work_sensor": ("media_usage_work", 15),
 }
@@ -86,6 +89,8 @@ def test_the_coverage_asset_and_the_resource_keys():
     assert asset.partitions_def.name == PARTITIONS_DEF
     assert sorted(defs.resources) == RESOURCES
     assert "database" in defs.resources
+    for key in ("media_usage_projection_cleanup", "media_usage_media_library"):
+        assert defs.resolve_assets_def(key).partitions_def is None
 
 
 def test_the_reconciliation_graph_hands_the_claim_through_named_outputs():

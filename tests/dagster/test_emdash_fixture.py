@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 from sqlalchemy import Engine, create_engine, func, select, text
+from ulid import ULID
 
 from media_usage_orchestration.jobs import media_usage_activation
 from media_usage_orchestration.media.fingerprints import field_fingerprint
@@ -28,8 +29,10 @@ from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.cms import CmsWriter, FieldSpec, SubField
 from media_usage_orchestration.store.engine import create_database_engine
 from tests.dagster.sensor_loop import drain, output_metadata, resources_for
+from tests.emdash_fence import restore_fence
 from tests.fixtures import FIXTURE_DB, REFERENCE_END_STATE, REFERENCE_FINGERPRINTS
-from tests.support import all_rows, count, status_row
+from tests.processing.gc_helpers import age_occurrences, gc_until_quiet
+from tests.support import all_rows, count, one, status_row
 from tests.triggers import create_trigger
 
 FIELD_FINGERPRINT = (
@@ -233,6 +236,7 @@ def emdash_database(db, tmp_path) -> Iterator[tuple[str, Engine]]:
         yield db.url, db.engine
         return
     engine = create_database_engine(f"sqlite:///{copy}")
+    restore_fence(engine)
     yield f"sqlite:///{copy}", engine
     engine.dispose()
 
@@ -314,4 +318,30 @@ def test_emdash_database_reaches_emdash_end_state_through_the_jobs(emdash_databa
     }
     reference = json.loads(REFERENCE_FINGERPRINTS.read_text("utf-8"))
     assert fingerprints == reference
+    assert not verify_index(engine).has_drift
+
+    _projection_gc_keeps_the_end_state(engine, collection_ids, expected)
+
+
+def _projection_gc_keeps_the_end_state(engine: Engine, collection_ids, expected) -> None:
+    """Leftovers past the safety window (a superseded copy of some sources' occurrences and
+    rows of a source that no longer exists) are reaped under the fence; the current
+    generations, and so EmDash's end state, stay exactly as they were."""
+    occurrences = schema.occurrences
+    with engine.connect() as connection:
+        current = [
+            dict(row) for row in connection.execute(select(occurrences).limit(40)).mappings()
+        ]
+    leftovers = [
+        {**row, "id": str(ULID()), "generation": "00" + row["generation"][2:]} for row in current
+    ] + [{**row, "id": str(ULID()), "source_key": "gone:" + row["source_key"]} for row in current]
+    with engine.begin() as connection:
+        connection.execute(occurrences.insert(), leftovers)
+    age_occurrences(engine)
+    results = gc_until_quiet(engine)
+    assert sum(r.counters.deleted_orphans for r in results) == len(current)
+    assert sum(r.deleted_rows for r in results) == 2 * len(current)
+    assert _orphan_or_stale_occurrences(engine) == 0
+    assert _end_state(engine, collection_ids) == expected
+    assert one(engine, schema.cleanup_fence, task_key="projection_gc") is not None
     assert not verify_index(engine).has_drift

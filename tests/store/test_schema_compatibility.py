@@ -11,7 +11,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cleanup_fence import missing_fence
 from tests.conftest import postgres_admin_url
+from tests.emdash_fence import EMDASH_SQLITE_FENCE, restore_fence
 from tests.fixtures import FIXTURE_DB, SCHEMA_POSTGRES
 
 TABLE_NAMES = sorted(table.name for table in schema.EMDASH_TABLES)
@@ -58,8 +60,22 @@ def test_install_on_emdash_database_adds_nothing(tmp_path):
     path = tmp_path / "emdash.db"
     shutil.copy(FIXTURE_DB, path)
     engine = create_engine(f"sqlite:///{path}")
+    restore_fence(engine)  # as a real EmDash database has it
     with engine.begin() as connection:
         assert schema.install_schema(connection) == []
+    engine.dispose()
+
+
+def test_install_on_the_fixture_copy_adds_exactly_the_fence_it_lacks(tmp_path):
+    path = tmp_path / "emdash.db"
+    shutil.copy(FIXTURE_DB, path)
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as connection:
+        added = schema.install_schema(connection)
+    assert added == [f"trigger {name}" for name in EMDASH_SQLITE_FENCE]
+    with engine.begin() as connection:
+        assert schema.install_schema(connection) == []
+        assert missing_fence(connection) == []
     engine.dispose()
 
 

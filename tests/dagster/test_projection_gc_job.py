@@ -1,0 +1,143 @@
+"""The projection GC in Dagster: the sensor asks for a run only when the task row is due and a
+pass has something to do; each run's counters are in its metadata and on the asset
+`media_usage_projection_cleanup`, so the backlog is seen shrinking; the media library summary
+is recorded on `media_usage_media_library`."""
+
+import dagster as dg
+from sqlalchemy import insert
+from ulid import ULID
+
+from media_usage_orchestration.jobs import media_usage_projection_gc
+from media_usage_orchestration.ops.media_library import MEDIA_USAGE_MEDIA_LIBRARY
+from media_usage_orchestration.ops.projection_gc import MEDIA_USAGE_PROJECTION_CLEANUP
+from media_usage_orchestration.sensors import media_usage_projection_gc_sensor
+from media_usage_orchestration.store import schema
+from tests.dagster.sensor_loop import evaluate, execute_request, output_metadata, plain, resources
+from tests.media_library_support import add_media, create_media_table
+from tests.processing.gc_helpers import (
+    HOUR,
+    edit_storm,
+    make_gc_due,
+    non_current_occurrences,
+    one_task,
+)
+from tests.support import backdate, count, set_status
+
+
+def _orphans(engine, how_many: int) -> None:
+    generation = str(ULID())
+    rows = [
+        {
+            "id": str(ULID()),
+            "source_key": f"gone-{index // 10}",
+            "generation": generation,
+            "field_slug": "hero",
+            "field_path": f"hero.{index % 10}",
+            "reference_type": "image_field",
+            "media_id": "m",
+            "provider": "local",
+            "provider_asset_id": "m",
+        }
+        for index in range(how_many)
+    ]
+    with engine.begin() as connection:
+        connection.execute(insert(schema.occurrences), rows)
+    backdate(engine, schema.occurrences, "created_at", 2 * HOUR)
+
+
+def _materializations(instance, key) -> list[dict]:
+    records = instance.fetch_materializations(key, limit=100, ascending=True)
+    return [plain(record.asset_materialization.metadata) for record in records.records]
+
+
+def test_the_sensor_skips_without_candidates_and_while_not_due(activated):
+    with dg.instance_for_test() as instance:
+        data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
+        assert data.skip_message == "no projection GC candidates"
+        assert not data.run_requests
+        _orphans(activated.engine, 3)
+        backdate(activated.engine, schema.cleanup, "next_eligible_at", -60)  # due in a minute
+        data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
+        assert data.skip_message == "the projection GC is not due (or a pass holds its lease)"
+
+
+def test_runs_reap_the_backlog_and_record_it_shrinking(activated):
+    engine = activated.engine
+    edit_storm(engine, "posts", entries=2, rounds=1)
+    backdate(engine, schema.occurrences, "created_at", 2 * HOUR)
+    _orphans(engine, 110)
+    with dg.instance_for_test() as instance:
+        deleted = []
+        for _ in range(6):
+            make_gc_due(engine)
+            data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
+            if not data.run_requests:
+                break
+            [request] = data.run_requests
+            assert request.run_key.startswith("gc:projection_gc:")
+            result = execute_request(
+                media_usage_projection_gc, request, instance, resources(activated)
+            )
+            assert result.success
+            metadata = output_metadata(result, "collect_projection_garbage")
+            assert metadata["outcome"] == "completed"
+            deleted.append(metadata["deleted_rows"])
+        assert data.skip_message == "no projection GC candidates"
+        recorded = _materializations(instance, MEDIA_USAGE_PROJECTION_CLEANUP)
+        assert _materializations(instance, MEDIA_USAGE_MEDIA_LIBRARY) == []  # no media table
+
+    # 110 orphans and 2 superseded heroes, at most 50 a pass; the third pass ends the sweep
+    assert deleted == [50, 50, 12]
+    assert [m["deleted_rows"] for m in recorded] == deleted
+    assert [m["backlog_lower_bound"] for m in recorded] == [50, 50, 12]
+    assert [m["scan_has_more"] for m in recorded] == [False, False, False]
+    assert non_current_occurrences(engine) == 0
+    task = one_task(engine)
+    assert task["last_deleted_orphans"] == recorded[-1]["deleted_orphans"]
+    assert task["last_candidate_count"] == recorded[-1]["candidates"]
+
+
+def test_a_failed_pass_fails_the_run_with_the_error_code(activated, monkeypatch):
+    from media_usage_orchestration.store.projection_gc import ProjectionGcRepository
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ProjectionGcRepository, "find_candidates", broken)
+    make_gc_due(activated.engine)
+    with dg.instance_for_test() as instance:
+        result = media_usage_projection_gc.execute_in_process(
+            instance=instance,
+            resources={"database": resources(activated)["database"]},
+            raise_on_error=False,
+        )
+    assert not result.success
+    failure = result.failure_data_for_node("collect_projection_garbage")
+    assert failure.user_failure_data.metadata["error_code"].value == "MEDIA_USAGE_CLEANUP_FAILED"
+    assert one_task(activated.engine)["last_error_code"] == "MEDIA_USAGE_CLEANUP_FAILED"
+
+
+def test_the_media_library_summary_is_recorded_only_under_complete_coverage(activated):
+    engine = activated.engine
+    edit_storm(engine, "posts", entries=2, rounds=0)  # heroes posts-000-0, posts-001-0
+    create_media_table(engine)
+    add_media(engine, ("posts-000-0", 100), ("posts-001-0", 200), ("spare", 300), ("nosize", None))
+    with dg.instance_for_test() as instance:
+        run = lambda: media_usage_projection_gc.execute_in_process(  # noqa: E731
+            instance=instance, resources={"database": resources(activated)["database"]}
+        )
+        assert run().success
+        [summary] = _materializations(instance, MEDIA_USAGE_MEDIA_LIBRARY)
+        assert {k: summary[k] for k in ("media", "used", "unused", "reclaimable_bytes")} == {
+            "media": 4,
+            "used": 2,
+            "unused": 2,
+            "reclaimable_bytes": 300,
+        }
+        set_status(engine, "posts", status="partial")
+        assert run().success
+        assert len(_materializations(instance, MEDIA_USAGE_MEDIA_LIBRARY)) == 1
+        records = instance.fetch_observations(MEDIA_USAGE_MEDIA_LIBRARY, limit=10)
+        [observed] = [plain(r.asset_observation.metadata) for r in records.records]
+        assert observed["incomplete"] == "posts" and "unused" not in observed
+    assert count(engine, schema.occurrences) == 2
