@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..media.fingerprints import CONTENT_SOURCE_SCHEMA_VERSION
+from ..media.sources import COLUMNS, CONTENT_SOURCE_SCHEMA_VERSION, DRAFT_OVERLAY
 from ..store.cursors import InvalidCursorError, PageCursor, decode_cursor, encode_cursor
 from ..store.engine import Engine
 from ..store.usage import (
@@ -34,7 +34,7 @@ NOT_INDEXED = (
     "references outside content fields (bylines, SEO images, sections, settings) are not indexed"
 )
 REFERENCE_TYPES = ("image_field", "file_field", "portable_text_image")
-VARIANT_LABELS = {"columns": "published", "draft_overlay": "draft"}
+VARIANT_LABELS = {COLUMNS: "published", DRAFT_OVERLAY: "draft"}
 
 
 class CoverageIncomplete(Exception):
@@ -214,7 +214,7 @@ def _entry(group: tuple[str, str], rows: list[UsageRow], deleted_at: str | None)
     variants: dict[str, list[UsageRow]] = {}
     for row in rows:
         variants.setdefault(row.source_variant, []).append(row)
-    preferred = (variants.get("draft_overlay") or variants.get("columns") or rows)[0]
+    preferred = (variants.get(DRAFT_OVERLAY) or variants.get(COLUMNS) or rows)[0]
     return EntryUsage(
         collection=group[0],
         content_id=group[1],

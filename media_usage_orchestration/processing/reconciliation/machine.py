@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 from ...media.fields import FieldDiscovery
 from ...media.fingerprints import field_fingerprint
-from ...media.sources import CONTENT_SOURCE_SCHEMA_VERSION
+from ...media.sources import CONTENT_SOURCE_SCHEMA_VERSION, SOURCE_VARIANTS
 from ...store.engine import Engine, read_transaction
 from ...store.reconciliations import (
     ReconciliationClaim,
@@ -27,7 +27,6 @@ from ..content_reads import load_fields
 from .model import (
     INVALID_SOURCE,
     PAGE_SIZE,
-    SOURCE_VARIANTS,
     WAIT_DELAY_SECONDS,
     ReconciliationOutcome,
     ScanOutcome,
