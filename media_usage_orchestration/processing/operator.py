@@ -153,7 +153,7 @@ def _slug(value: object) -> str:
         return validate_identifier(value, "collection slug")
 
 
-def _limit(value: object) -> int:
+def listing_limit(value: object) -> int:
     with _refused_as_input():
         return bounded_limit(
             value, 1, MAX_LIMIT, f"Limit must be a whole number from 1 to {MAX_LIMIT}"
@@ -213,7 +213,7 @@ def list_work(
     """A page of a collection's work, newest first (spec 9.1)."""
     slug = _slug(collection)
     wanted = _state(state) if state is not None else None
-    limit = _limit(limit)
+    limit = listing_limit(limit)
     _check_cursor(cursor)
     page = WorkRepository(engine).find_operator_page(slug, state=wanted, limit=limit, cursor=cursor)
     if page is None:
@@ -241,7 +241,7 @@ def retry_failed_work(
     """Retry the collection's failed work, at most `limit` entries (the newest failures);
     `more_failed` says another run has more to retry."""
     slug = _slug(collection)
-    limit = _limit(limit)
+    limit = listing_limit(limit)
     repository = WorkRepository(engine)
     page = repository.find_operator_page(slug, state=LeaseState.FAILED, limit=limit)
     if page is None:
@@ -262,7 +262,7 @@ def list_deletions(
 ) -> DeletionPage:
     """A page of deletion tombstones in one state (failed by default, as in the spec)."""
     wanted = _state(state)
-    limit = _limit(limit)
+    limit = listing_limit(limit)
     _check_cursor(cursor)
     return DeletionRepository(engine).find_operator_page(wanted, limit, cursor)
 

@@ -25,7 +25,7 @@ from ..store.usage import (
     UsageRepository,
     UsageRow,
 )
-from .operator import OperatorInputError, _limit  # the listings' 1..100 limit check
+from .operator import OperatorInputError, listing_limit
 
 DEFAULT_USAGE_LIMIT = 50
 MEDIA_CURSOR_ORDER = "media"
@@ -253,7 +253,7 @@ def media_usage(
     """One page of the entries using a media item now, with the coverage that qualifies it.
     A local media id must exist in EmDash's media table when the database has one."""
     reference = MediaReference(_text(provider, "provider"), _text(media_id, "media id"))
-    page_size, after = _limit(limit), _group_cursor(cursor)
+    page_size, after = listing_limit(limit), _group_cursor(cursor)
     repository = UsageRepository(engine)
     checked = reference.is_local and repository.has_media_library()
     media = repository.find_media(reference.asset_id) if checked else None
@@ -301,7 +301,7 @@ def unused_media(
 ) -> UnusedReport:
     """A page of media rows no content field refers to, with the library's totals; refused
     (CoverageIncomplete) unless every collection's coverage proves absence. Deletes nothing."""
-    page_size = _limit(limit)
+    page_size = listing_limit(limit)
     after = _media_cursor(cursor)
     repository = UsageRepository(engine)
     require_media_library(repository)
