@@ -4,8 +4,8 @@ dialects: drafts, trashed entries, non-local providers, partial coverage, paging
 from __future__ import annotations
 
 import pytest
-from media_usage_orchestration.cms import CmsWriter
 
+from media_usage_orchestration.store.cms import CmsWriter
 from tests.cli.cli_support import (
     EXIT_OK,
     EXIT_PROBLEM,

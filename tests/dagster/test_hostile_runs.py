@@ -22,11 +22,10 @@ from media_usage_orchestration.store.deletions import DeletionPhase
 from media_usage_orchestration.store.probes import due_reconciliations
 from tests.dagster.reconciliation_support import (
     RECONCILIATION_JOB,
-    add_requested_partitions,
     tick,
     write_collections,
 )
-from tests.dagster.sensor_loop import evaluate, resources, resources_for
+from tests.dagster.sensor_loop import add_requested_partitions, evaluate, resources, resources_for
 from tests.store.deletion_helpers import tombstone
 from tests.support import backdate, make_collection, one
 

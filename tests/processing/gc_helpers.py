@@ -3,7 +3,6 @@ time travel past the safety window (backdating, never sleeping) and GC passes un
 
 from __future__ import annotations
 
-from media_usage_orchestration.cms import CmsWriter
 from sqlalchemy import Engine, func, select, update
 
 from media_usage_orchestration.processing.projection_gc import (
@@ -15,6 +14,7 @@ from media_usage_orchestration.processing.projection_gc import (
 from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.clock import timestamp_offset
+from media_usage_orchestration.store.cms import CmsWriter
 from tests.processing.projection_helpers import active_collection, image
 from tests.support import backdate, count
 

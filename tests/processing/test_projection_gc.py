@@ -4,7 +4,6 @@ dialects. The safety window is passed by backdating rows, never by sleeping."""
 from __future__ import annotations
 
 import pytest
-from media_usage_orchestration.cms import CmsWriter
 from sqlalchemy import insert, select, update
 from ulid import ULID
 
@@ -17,6 +16,7 @@ from media_usage_orchestration.processing.projection_gc import (
 )
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.projection_gc import ProjectionGcRepository
 from tests.processing.gc_helpers import (
     HOUR,

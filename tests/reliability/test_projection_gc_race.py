@@ -9,7 +9,6 @@ import random
 import threading
 
 import pytest
-from media_usage_orchestration.cms import CmsWriter
 from sqlalchemy import func, insert, select, update
 from ulid import ULID
 
@@ -21,6 +20,7 @@ from media_usage_orchestration.processing.projection_gc import (
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.cms import CmsWriter
 from tests.processing.gc_helpers import (
     HOUR,
     drain,
