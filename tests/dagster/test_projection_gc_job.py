@@ -76,7 +76,7 @@ def test_runs_reap_the_backlog_and_record_it_shrinking(activated):
             [request] = data.run_requests
             assert request.run_key.startswith("gc:projection_gc:")
             result = execute_request(
-                media_usage_projection_gc, request, instance, resources(activated)
+                media_usage_projection_gc_sensor, request, instance, resources(activated)
             )
             assert result.success
             metadata = output_metadata(result, "collect_projection_garbage")
