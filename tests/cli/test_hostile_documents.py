@@ -1,15 +1,18 @@
-"""Hostile documents and registry rows: an entry nested far deeper than Python's recursion
-limit is indexed as EmDash indexes it, and `verify` agrees, on both dialects."""
+"""Hostile documents and registry rows, on both dialects: an entry nested far deeper than
+Python's recursion limit is indexed as EmDash indexes it and `verify` agrees; one registry or
+field row with an invalid slug is reported with its code while every other collection is still
+listed and verified."""
 
 from __future__ import annotations
 
 from sqlalchemy import text
 
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.verify import DriftKind, verify_index
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.cms import CmsWriter
-from tests.cli.cli_support import EXIT_OK, invoke
-from tests.processing.projection_helpers import ADMISSION_FIELDS, active_collection
+from tests.cli.cli_support import EXIT_OK, EXIT_PROBLEM, invoke, invoke_json, trusted_collection
+from tests.factories import insert_registry, insert_row, insert_status
+from tests.processing.projection_helpers import ADMISSION_FIELDS, active_collection, insert_entry
 from tests.processing.test_verify import drain
 from tests.support import all_rows
 
@@ -44,3 +47,88 @@ def test_a_deeply_nested_body_is_indexed_and_verified(db):
     assert result.exit_code == EXIT_OK, result.output
     assert "Traceback" not in result.output and result.stderr == ""
     assert "No drift" in result.stdout
+
+
+# --- one invalid registry or field row ---------------------------------------------------------
+
+
+def add_bad_field(db, collection_id: str, slug: str = "Bad-Slug") -> None:
+    """A field row the CMS writer would refuse, written directly."""
+    insert_row(
+        db.engine,
+        schema.fields,
+        {
+            "id": "field-bad",
+            "collection_id": collection_id,
+            "slug": slug,
+            "label": slug,
+            "type": "image",
+            "column_type": "TEXT",
+        },
+    )
+
+
+def assert_problem_line(result, *words: str) -> None:
+    assert result.exit_code == EXIT_PROBLEM, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for word in words:
+        assert word in result.stderr
+
+
+def test_status_lists_every_collection_and_reports_an_invalid_registry_slug(db):
+    trusted_collection(db)
+    insert_registry(db.engine, id="collection-upper", slug="UPPER")
+
+    result = invoke(db, "status")
+
+    assert_problem_line(result, "UPPER", "MEDIA_USAGE_PROCESSING_FAILED", "Invalid collection slug")
+    assert "posts" in result.stdout and "UPPER" in result.stdout
+    listed = invoke_json(db, "status", exit_code=EXIT_PROBLEM)
+    by_slug = {each["collection_slug"]: each for each in listed}
+    assert by_slug["UPPER"]["problem_code"] == "MEDIA_USAGE_PROCESSING_FAILED"
+    assert by_slug["UPPER"]["entries"] is None
+    assert by_slug["posts"]["problem_code"] is None and by_slug["posts"]["entries"] == 0
+
+
+def test_verify_reports_an_invalid_field_slug_and_verifies_the_rest(db):
+    active_collection(db.engine, "posts")
+    insert_entry(db.engine, "posts", "entry-1")
+    pictures = active_collection(db.engine, "pictures")
+    add_bad_field(db, pictures.id)
+    drain(db.engine)
+
+    result = invoke(db, "verify")
+
+    assert result.exit_code == EXIT_PROBLEM, result.output
+    assert "Traceback" not in result.output and result.stderr == ""
+    assert "field_discovery_failed" in result.stdout and "1 differences" in result.stdout
+    report = invoke_json(db, "verify", exit_code=EXIT_PROBLEM)
+    (difference,) = report["differences"]
+    assert difference["collection_slug"] == "pictures"
+    assert difference["kind"] == DriftKind.FIELD_DISCOVERY_FAILED.value
+    assert difference["detail"].startswith("MEDIA_USAGE_PROCESSING_FAILED: Invalid media usage")
+    entries = {each["collection_slug"]: each["entry_count"] for each in report["collections"]}
+    assert entries == {"pictures": 0, "posts": 1}
+
+
+def test_verify_reports_an_invalid_captured_registry_slug_and_verifies_the_rest(db):
+    active_collection(db.engine, "posts")
+    insert_entry(db.engine, "posts", "entry-1")
+    drain(db.engine)
+    insert_registry(db.engine, id="collection-upper", slug="UPPER")
+    insert_status(
+        db.engine, scope_key="UPPER", collection_id="collection-upper", capture_state="active"
+    )
+
+    report = invoke_json(db, "verify", exit_code=EXIT_PROBLEM)
+
+    (difference,) = report["differences"]
+    assert (difference["collection_slug"], difference["kind"]) == (
+        "UPPER",
+        "field_discovery_failed",
+    )
+    assert difference["detail"].startswith("MEDIA_USAGE_PROCESSING_FAILED: Invalid collection slug")
+    entries = {each["collection_slug"]: each["entry_count"] for each in report["collections"]}
+    assert entries == {"UPPER": 0, "posts": 1}
