@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from media_usage_orchestration.processing import verify as verify_module
 from media_usage_orchestration.processing.verify import DriftKind, verify_index
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.cms import CmsWriter
@@ -132,3 +133,25 @@ def test_verify_reports_an_invalid_captured_registry_slug_and_verifies_the_rest(
     assert difference["detail"].startswith("MEDIA_USAGE_PROCESSING_FAILED: Invalid collection slug")
     entries = {each["collection_slug"]: each["entry_count"] for each in report["collections"]}
     assert entries == {"UPPER": 0, "posts": 1}
+
+
+def test_verify_reports_an_entry_whose_snapshots_fail_and_checks_the_others(db, monkeypatch):
+    active_collection(db.engine, "posts")
+    for content_id in ("entry-1", "entry-2", "entry-3"):
+        insert_entry(db.engine, "posts", content_id)
+    drain(db.engine)
+    real = verify_module.build_content_snapshots
+
+    def failing_for_entry_2(collection_id, slug, discovery, row, revision):
+        if row["id"] == "entry-2":
+            raise ValueError("unreadable entry")
+        return real(collection_id, slug, discovery, row, revision)
+
+    monkeypatch.setattr(verify_module, "build_content_snapshots", failing_for_entry_2)
+
+    report = invoke_json(db, "verify", exit_code=EXIT_PROBLEM)
+
+    (difference,) = report["differences"]
+    assert (difference["content_id"], difference["kind"]) == ("entry-2", "snapshot_failed")
+    assert difference["detail"] == "MEDIA_USAGE_PROCESSING_FAILED: ValueError: unreadable entry"
+    assert [each["entry_count"] for each in report["collections"]] == [3]
