@@ -194,10 +194,17 @@ def status(database_url: str | None, as_json: bool) -> None:
         _print_json([dataclasses.asdict(each) for each in statuses])
     else:
         console.print(coverage_table(statuses))
+    problems = [_status_problem(each) for each in statuses if each.problem_code]
     waiting = [each.collection_slug for each in statuses if each.needs_operator]
     if waiting:
-        _echo(f"Failed work or coverage waits for a retry: {', '.join(waiting)}", err=True)
+        problems.append(f"Failed work or coverage waits for a retry: {', '.join(waiting)}")
+    if problems:
+        _echo("; ".join(problems), err=True)
         _exit_problem()
+
+
+def _status_problem(status: operator.CollectionStatus) -> str:
+    return f"Unusable collection {status.collection_slug}: {status.problem_code}: {status.problem}"
 
 
 @main.command()

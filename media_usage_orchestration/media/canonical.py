@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -74,11 +73,6 @@ def utf16_key(text: str) -> bytes:
     return text.encode("utf-16-be", "surrogatepass")
 
 
-def parse_json(text: str) -> Any:
-    """`JSON.parse`: Python's parser, minus the `NaN`/`Infinity` literals JS rejects."""
-    return _DECODER.decode(text)
-
-
 def js_trim(text: str) -> str:
     """`String.prototype.trim`: JS whitespace and line terminators only (not U+001C..U+001F or
     U+0085, which `str.strip` also removes; U+FEFF is trimmed by JS but not by Python)."""
@@ -89,14 +83,6 @@ _JS_WHITESPACE = (
     "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
     "\u2028\u2029\u202f\u205f\u3000\ufeff"
 )
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-# `json.loads` with options builds a decoder per call; this one is shared (it keeps no state).
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _dump(value: Any) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..store.identifiers import validate_identifier
-from .canonical import parse_json
+from ..store.json_text import parse_json
 
 SUPPORTED_TOP_LEVEL_TYPES = frozenset({"file", "image", "portableText"})
 DISPLAY_FIELD_SLUGS = ("title", "name")

@@ -16,8 +16,9 @@ from enum import StrEnum
 from typing import Any
 
 from ..store.identifiers import COLLECTION_ID_RESULT, validate_identifier
+from ..store.json_text import parse_json
 from ..store.source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
-from .canonical import js_trim, parse_json
+from .canonical import js_trim
 from .extraction import extract_occurrences
 from .fields import DISPLAY_FIELD_SLUGS, FieldDiscovery
 from .fingerprints import projection_fingerprint
@@ -182,7 +183,7 @@ def deserialize_column_value(value: Any) -> Any:
     if isinstance(value, str) and value.startswith(("{", "[")):
         try:
             return parse_json(value)
-        except (ValueError, RecursionError):
+        except ValueError:
             return value
     return value
 
@@ -284,7 +285,7 @@ def _revision_data(value: Any) -> dict[str, Any] | None:
     if isinstance(value, str):
         try:
             value = parse_json(value)
-        except (ValueError, RecursionError):
+        except ValueError:
             return None
     return dict(value) if isinstance(value, Mapping) else None
 

@@ -21,11 +21,13 @@ from enum import StrEnum
 from typing import Any
 
 from ..media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError
-from ..media.snapshots import build_content_snapshots
+from ..media.snapshots import SnapshotResult, build_content_snapshots
 from ..media.sources import ContentSource
 from ..store import audit
 from ..store.content import content_rows_query
 from ..store.engine import Connection, Engine
+from ..store.identifiers import InvalidIdentifierError
+from ..store.reconciliations import PROCESSING_FAILED_CODE
 from ..store.source_records import SourceRow
 from .content_reads import load_fields
 
@@ -146,7 +148,12 @@ class _CollectionCheck:
         try:
             discovery = load_fields(self.connection, self.slug, self.collection_id)
         except MediaUsageFieldDiscoveryError as error:
-            self.report(DriftKind.FIELD_DISCOVERY_FAILED, None, None, str(error))
+            self.report(DriftKind.FIELD_DISCOVERY_FAILED, None, None, f"{error.code}: {error}")
+        except InvalidIdentifierError as error:
+            # A registry or field row the CMS would refuse; the work path fails it the same way.
+            self.report(
+                DriftKind.FIELD_DISCOVERY_FAILED, None, None, f"{PROCESSING_FAILED_CODE}: {error}"
+            )
         else:
             for rows in self.entry_pages(discovery):
                 self.check_page(discovery, rows)
@@ -196,9 +203,9 @@ class _CollectionCheck:
         self.source_count += len(stored)
         for row in rows:
             revision = revisions_by_id.get(row.get("draft_revision_id") or "")
-            result = build_content_snapshots(
-                self.collection_id, self.slug, discovery, row, revision
-            )
+            result = self.snapshots_of(discovery, row, revision)
+            if result is None:
+                continue
             entry_sources = {
                 key: source for key, source in stored.items() if source.content_id == row["id"]
             }
@@ -207,6 +214,18 @@ class _CollectionCheck:
                 self.report(DriftKind.SNAPSHOT_FAILED, row["id"], None, str(result.error))
                 continue
             self.check_entry(row["id"], result.snapshots, entry_sources, stored_items)
+
+    def snapshots_of(
+        self, discovery: FieldDiscovery, row: Mapping[str, Any], revision
+    ) -> SnapshotResult | None:
+        """The entry's snapshots; None (reported) when building them fails, as durable work
+        would fail it, so one entry cannot stop the check of the others."""
+        try:
+            return build_content_snapshots(self.collection_id, self.slug, discovery, row, revision)
+        except Exception as error:  # any fault in pure code is this entry's, not the run's
+            detail = f"{PROCESSING_FAILED_CODE}: {type(error).__name__}: {error}"
+            self.report(DriftKind.SNAPSHOT_FAILED, row["id"], None, detail)
+            return None
 
     def check_entry(
         self,

@@ -14,9 +14,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, column, func, select, table
 
 from .engine import read_transaction
-from .identifiers import content_table_name
+from .identifiers import InvalidIdentifierError, content_table_name
 from .leases import LeaseState
 from .predicates import is_content_collection_status
+from .reconciliations import PROCESSING_FAILED_CODE
 from .schema import collections, index_status, occurrences, sources, work
 from .source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
 
@@ -25,7 +26,8 @@ from .source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
 class CollectionCoverage:
     """A registry collection's coverage row, index and work. Status fields are None for a
     collection without a status row (never activated); `entries` is None while its content
-    table is missing (mid-deletion)."""
+    table is missing (mid-deletion), or when the registry row's slug is not a valid identifier:
+    then `problem_code` and `problem` say why, and the rest of the row is still counted."""
 
     collection_id: str
     collection_slug: str
@@ -41,6 +43,8 @@ class CollectionCoverage:
     last_error_code: str | None
     started_at: str | None
     completed_at: str | None
+    problem_code: str | None = None
+    problem: str | None = None
 
     @property
     def needs_operator(self) -> bool:
@@ -84,6 +88,11 @@ def _coverage(connection: Connection, row: Any) -> CollectionCoverage:
     work_counts = _work_counts(connection, row.id)
     source_count, occurrence_count = _index_counts(connection, row.id)
     required = row.reconciliation_required
+    try:
+        entries, problem = _entry_count(connection, row.slug), None
+    except InvalidIdentifierError as error:
+        # A registry row the CMS would refuse: reported, and the other collections listed.
+        entries, problem = None, str(error)
     return CollectionCoverage(
         collection_id=row.id,
         collection_slug=row.slug,
@@ -91,7 +100,7 @@ def _coverage(connection: Connection, row: Any) -> CollectionCoverage:
         status=row.status,
         change_epoch=int(row.change_epoch) if row.change_epoch is not None else None,
         reconciliation_required=bool(required) if required is not None else None,
-        entries=_entry_count(connection, row.slug),
+        entries=entries,
         sources=source_count,
         occurrences=occurrence_count,
         pending_work=sum(n for state, n in work_counts.items() if state != LeaseState.FAILED),
@@ -99,6 +108,8 @@ def _coverage(connection: Connection, row: Any) -> CollectionCoverage:
         last_error_code=row.last_error_code,
         started_at=row.started_at,
         completed_at=row.completed_at,
+        problem_code=PROCESSING_FAILED_CODE if problem else None,
+        problem=problem,
     )
 
 

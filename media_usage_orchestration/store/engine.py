@@ -34,6 +34,8 @@ from sqlalchemy.exc import (
     TimeoutError,
 )
 
+from .json_text import parse_json
+
 DEFAULT_SQLITE_PATH = Path(".media_usage") / "media_usage.db"
 DATABASE_URL_ENV = "MEDIA_USAGE_DATABASE_URL"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -150,6 +152,8 @@ class DatabaseFileError(ValueError):
 def create_database_engine(url: str | URL, *, read_only: bool = False, **engine_options) -> Engine:
     parsed = normalize_url(url)
     engine_options.setdefault("json_serializer", compact_json)
+    # PostgreSQL json values are decoded by the driver: as `JSON.parse` would, at any depth.
+    engine_options.setdefault("json_deserializer", parse_json)
     # A failed statement's message names the SQL, never its values: lease and run tokens are
     # bound parameters, and failure messages reach run logs and the UI.
     engine_options.setdefault("hide_parameters", True)

@@ -63,6 +63,8 @@ def test_status_shows_coverage_index_and_work_per_collection(db, covered):
         "last_error_code": None,
         "started_at": posts["started_at"],
         "completed_at": posts["completed_at"],
+        "problem_code": None,
+        "problem": None,
     }
     assert posts["started_at"] <= posts["completed_at"]
     assert drafts["collection_slug"] == "drafts" and drafts["entries"] == 0
