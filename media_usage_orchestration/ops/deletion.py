@@ -33,6 +33,7 @@ from .leased import (
     leased_outs,
     run_leased_step,
     stop_unless_done,
+    tag_run_collection,
 )
 
 PHASE_ORDER = tuple(DeletionPhase)
@@ -73,6 +74,14 @@ def claim_tombstone(engine: Engine, collection_id: str, *, reopen: bool) -> Dele
     return DeletionLease(claim.collection_id, claim.lease_token) if claim else None
 
 
+def tombstone_slug(engine: Engine, collection_id: str | None) -> str | None:
+    """The slug the tombstone of `collection_id` keeps (the registry row may be gone)."""
+    if not collection_id:
+        return None
+    record = DeletionRepository(engine).find(collection_id)
+    return record.collection_slug if record is not None else None
+
+
 # --- background graph ---------------------------------------------------------------------------
 
 
@@ -94,6 +103,7 @@ def claim_deletion(
     context: dg.OpExecutionContext, config: ClaimDeletionConfig, database: MediaUsageDatabase
 ):
     with retry_transient_errors_only():
+        tag_run_collection(context, tombstone_slug(database.engine, config.collection_id))
         lease = claim_tombstone(
             database.engine, config.collection_id, reopen=is_reexecution(context)
         )
@@ -271,6 +281,7 @@ class RequestDeletionConfig(dg.Config):
 def request_deletion(
     context: dg.OpExecutionContext, config: RequestDeletionConfig, database: MediaUsageDatabase
 ):
+    tag_run_collection(context, config.collection)
     with retry_transient_errors_only():
         # Inside: bad input fails the step at once instead of going to the RetryPolicy.
         validate_identifier(config.collection, "collection slug")

@@ -36,6 +36,7 @@ from .leased import (
     leased_outs,
     run_leased_step,
     stop_unless_done,
+    tag_run_collection,
 )
 
 
@@ -109,6 +110,7 @@ def claim_reconciliation(
     database: MediaUsageDatabase,
 ):
     slug = context.partition_key
+    tag_run_collection(context, slug)
     engine = database.engine
     with retry_transient_errors_only():
         validate_identifier(slug, "collection slug")
