@@ -35,6 +35,7 @@ from .leased import (
     stop_unless_done,
     tag_run_collection,
 )
+from .progress import ProgressLog, logged_progress
 
 PHASE_ORDER = tuple(DeletionPhase)
 
@@ -120,6 +121,7 @@ def _phase_body(
     phase: DeletionPhase,
     step: Callable[[Engine, DeletionLease], PhaseStepResult],
     budget: DeletionBatchBudget | None,
+    progress: ProgressLog | None = None,
 ) -> Callable[[DeletionLease], StepReport]:
     def body(lease: DeletionLease) -> StepReport:
         paging = page_until_done(
@@ -128,6 +130,7 @@ def _phase_body(
             budget=_budget(budget),
             renew=lambda held: WORKFLOW.renew(engine, held),
             release_now=lambda held: WORKFLOW.release(engine, held),
+            progress=progress.counting(_rows_deleted) if progress is not None else None,
         )
         metadata = {
             "phase": phase.value,
@@ -138,6 +141,10 @@ def _phase_body(
         return _report(phase, paging.last, lease, metadata)
 
     return body
+
+
+def _rows_deleted(result: PhaseStepResult) -> int:
+    return result.deleted
 
 
 def _batch(
@@ -198,8 +205,9 @@ def _phase_op(
             config: DeletionBatchBudget,
             database: MediaUsageDatabase,
         ):
-            body = _phase_body(database.engine, phase, step, config)
-            yield from run_leased_step(context, WORKFLOW, database.engine, lease, body)
+            with logged_progress(context, name, "rows deleted") as progress:
+                body = _phase_body(database.engine, phase, step, config, progress)
+                yield from run_leased_step(context, WORKFLOW, database.engine, lease, body)
 
         return _batched
 
