@@ -224,7 +224,7 @@ def dagster_lane(url: str) -> Iterator[Callable[[tuple], int]]:
     from .resources.automation import MediaUsageAutomation
     from .resources.database import MediaUsageDatabase
 
-    resources = {"database": MediaUsageDatabase(url=url), "automation": MediaUsageAutomation()}
+    resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
 
     def run(sensors: tuple) -> int:
         lane = run_lane(instance, resources, sensors=sensors, log_level="WARNING")

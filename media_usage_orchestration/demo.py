@@ -207,7 +207,7 @@ def _run_jobs(
     from .resources.automation import MediaUsageAutomation
     from .resources.database import MediaUsageDatabase
 
-    resources = {"database": MediaUsageDatabase(url=url), "automation": MediaUsageAutomation()}
+    resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
     runs: list[Any] = []
 
     def execute(job_name: str, run_config: Mapping[str, Any] | None = None) -> None:

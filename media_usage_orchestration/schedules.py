@@ -1,15 +1,44 @@
-"""The maintenance lane's schedule: EmDash's `*/2 * * * *`."""
+"""The maintenance lane's schedule: EmDash's `*/2 * * * *`, launching a run only when a
+bounded probe finds something for the maintenance job to do, so an idle deployment launches
+no runs at all."""
 
 import dagster as dg
 
 from .jobs import media_usage_maintenance
 from .ops.common import automation_default_schedule_status
+from .partitions import partition_changes
+from .resources.database import MediaUsageDatabase
+from .sensors import database_not_ready
+from .store.probes import pending_settlements
+from .store.registry import read_collection_slugs
 
-media_usage_maintenance_schedule = dg.ScheduleDefinition(
+
+def pending_maintenance(instance: dg.DagsterInstance, database: MediaUsageDatabase) -> list[str]:
+    """What a maintenance run would change now: the settle loops with something to settle,
+    and `partitions` when the collection partitions differ from the registry. A superset of
+    what the job does: it never changes anything when this is empty."""
+    pending = list(pending_settlements(database.engine))
+    added, removed = partition_changes(instance, read_collection_slugs(database.engine))
+    if added or removed:
+        pending.append("partitions")
+    return pending
+
+
+@dg.schedule(
     name="media_usage_maintenance_schedule",
     job=media_usage_maintenance,
     cron_schedule="*/2 * * * *",
     execution_timezone="UTC",
     default_status=automation_default_schedule_status(),
-    description="Every two minutes: settle and seed reconciliations, sync collection partitions.",
+    description="Every two minutes, when there is something to do: settle and seed "
+    "reconciliations, sync collection partitions. Otherwise the tick is skipped.",
 )
+def media_usage_maintenance_schedule(
+    context: dg.ScheduleEvaluationContext, database: MediaUsageDatabase
+):
+    if skip := database_not_ready(database):
+        return skip
+    pending = pending_maintenance(context.instance, database)
+    if not pending:
+        return dg.SkipReason("nothing to settle, seed or sync")
+    return dg.RunRequest(tags={"media_usage/maintenance": ",".join(pending)})

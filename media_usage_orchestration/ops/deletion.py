@@ -33,7 +33,9 @@ from .leased import (
     leased_outs,
     run_leased_step,
     stop_unless_done,
+    tag_run_collection,
 )
+from .progress import ProgressLog, logged_progress
 
 PHASE_ORDER = tuple(DeletionPhase)
 
@@ -73,6 +75,14 @@ def claim_tombstone(engine: Engine, collection_id: str, *, reopen: bool) -> Dele
     return DeletionLease(claim.collection_id, claim.lease_token) if claim else None
 
 
+def tombstone_slug(engine: Engine, collection_id: str | None) -> str | None:
+    """The slug the tombstone of `collection_id` keeps (the registry row may be gone)."""
+    if not collection_id:
+        return None
+    record = DeletionRepository(engine).find(collection_id)
+    return record.collection_slug if record is not None else None
+
+
 # --- background graph ---------------------------------------------------------------------------
 
 
@@ -94,6 +104,7 @@ def claim_deletion(
     context: dg.OpExecutionContext, config: ClaimDeletionConfig, database: MediaUsageDatabase
 ):
     with retry_transient_errors_only():
+        tag_run_collection(context, tombstone_slug(database.engine, config.collection_id))
         lease = claim_tombstone(
             database.engine, config.collection_id, reopen=is_reexecution(context)
         )
@@ -110,6 +121,7 @@ def _phase_body(
     phase: DeletionPhase,
     step: Callable[[Engine, DeletionLease], PhaseStepResult],
     budget: DeletionBatchBudget | None,
+    progress: ProgressLog | None = None,
 ) -> Callable[[DeletionLease], StepReport]:
     def body(lease: DeletionLease) -> StepReport:
         paging = page_until_done(
@@ -118,6 +130,7 @@ def _phase_body(
             budget=_budget(budget),
             renew=lambda held: WORKFLOW.renew(engine, held),
             release_now=lambda held: WORKFLOW.release(engine, held),
+            progress=progress.counting(_rows_deleted) if progress is not None else None,
         )
         metadata = {
             "phase": phase.value,
@@ -128,6 +141,10 @@ def _phase_body(
         return _report(phase, paging.last, lease, metadata)
 
     return body
+
+
+def _rows_deleted(result: PhaseStepResult) -> int:
+    return result.deleted
 
 
 def _batch(
@@ -188,8 +205,9 @@ def _phase_op(
             config: DeletionBatchBudget,
             database: MediaUsageDatabase,
         ):
-            body = _phase_body(database.engine, phase, step, config)
-            yield from run_leased_step(context, WORKFLOW, database.engine, lease, body)
+            with logged_progress(context, name, "rows deleted") as progress:
+                body = _phase_body(database.engine, phase, step, config, progress)
+                yield from run_leased_step(context, WORKFLOW, database.engine, lease, body)
 
         return _batched
 
@@ -271,6 +289,7 @@ class RequestDeletionConfig(dg.Config):
 def request_deletion(
     context: dg.OpExecutionContext, config: RequestDeletionConfig, database: MediaUsageDatabase
 ):
+    tag_run_collection(context, config.collection)
     with retry_transient_errors_only():
         # Inside: bad input fails the step at once instead of going to the RetryPolicy.
         validate_identifier(config.collection, "collection slug")

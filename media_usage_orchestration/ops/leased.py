@@ -19,6 +19,7 @@ import dagster as dg
 
 from ..processing.run_loop import Paging, PagingEnd
 from ..store.engine import Engine
+from ..store.identifiers import InvalidIdentifierError, validate_identifier
 from .common import is_transient_database_error
 
 L = TypeVar("L")
@@ -139,9 +140,26 @@ def emit(context: dg.OpExecutionContext, report: StepReport) -> Iterator[dg.Outp
 
 
 def _tag_run(context: dg.OpExecutionContext, outcome: str) -> None:
+    _add_run_tags(context, {OUTCOME_TAG: outcome})
+
+
+def tag_run_collection(context: dg.OpExecutionContext, slug: str | None) -> None:
+    """Tag the run with its collection's slug, however it was launched (sensor, Launchpad,
+    backfill, re-execution), so the Runs filter on `media_usage/collection` finds every run of
+    one collection. The first op of each per-collection job calls this; a slug that is no valid
+    identifier is left untagged (the op refuses it with its own error)."""
+    try:
+        validate_identifier(slug, "collection slug")
+    except InvalidIdentifierError:
+        return
+    _add_run_tags(context, {COLLECTION_TAG: slug})
+
+
+def _add_run_tags(context: dg.OpExecutionContext, tags: Mapping[str, str]) -> None:
     # Direct invocation (build_op_context) has no stored run to tag.
-    if context.instance.get_run_by_id(context.run_id) is not None:
-        context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: outcome})
+    run = context.instance.get_run_by_id(context.run_id)
+    if run is not None and any(run.tags.get(key) != value for key, value in tags.items()):
+        context.instance.add_run_tags(context.run_id, dict(tags))
 
 
 def leased_outs(lease_type: type) -> dict[str, dg.Out]:

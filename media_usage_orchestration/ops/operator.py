@@ -25,7 +25,8 @@ from ..processing.operator import (
 )
 from ..resources.database import MediaUsageDatabase
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-from .leased import StepReport, emit
+from .deletion import tombstone_slug
+from .leased import StepReport, emit, tag_run_collection
 
 _OUTCOME_OUT = {"outcome": dg.Out(dg.Nothing, description="What the retry did (see metadata).")}
 
@@ -72,6 +73,7 @@ class RetryFailedWorkConfig(dg.Config):
 def reopen_failed_work(
     context: dg.OpExecutionContext, config: RetryFailedWorkConfig, database: MediaUsageDatabase
 ):
+    tag_run_collection(context, config.collection)
     with _refusing_bad_input():
         if config.content_id is None:
             bulk = retry_failed_work(database.engine, config.collection, limit=config.limit)
@@ -105,6 +107,8 @@ def reopen_collection_deletion(
     context: dg.OpExecutionContext, config: RetryDeletionConfig, database: MediaUsageDatabase
 ):
     with _refusing_bad_input():
+        slug = config.collection or tombstone_slug(database.engine, config.collection_id)
+        tag_run_collection(context, slug)
         result = retry_deletion(
             database.engine, collection_id=config.collection_id, collection=config.collection
         )
@@ -125,6 +129,7 @@ class RetryReconciliationConfig(dg.Config):
 def reopen_reconciliation(
     context: dg.OpExecutionContext, config: RetryReconciliationConfig, database: MediaUsageDatabase
 ):
+    tag_run_collection(context, config.collection)
     with _refusing_bad_input():
         result = retry_reconciliation(database.engine, config.collection)
     yield from emit(context, _single_report(result, collection=config.collection))

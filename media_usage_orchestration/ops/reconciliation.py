@@ -36,7 +36,9 @@ from .leased import (
     leased_outs,
     run_leased_step,
     stop_unless_done,
+    tag_run_collection,
 )
+from .progress import logged_progress
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ def claim_reconciliation(
     database: MediaUsageDatabase,
 ):
     slug = context.partition_key
+    tag_run_collection(context, slug)
     engine = database.engine
     with retry_transient_errors_only():
         validate_identifier(slug, "collection slug")
@@ -172,7 +175,8 @@ def scan_pages(
 
     def step(claim: ReconciliationClaim) -> StepReport:
         budget = Budget(config.max_pages, config.max_seconds)
-        paging = walks.scan_pages(engine, claim, budget)
+        with logged_progress(context, "scan_pages", "pages") as progress:
+            paging = walks.scan_pages(engine, claim, budget, progress=progress.counting(_paged))
         metadata = {
             "pages": paging.count(ScanOutcome.ADVANCED),
             "restarts": paging.count(ScanOutcome.RESTART_REQUIRED),
@@ -183,6 +187,10 @@ def scan_pages(
         raise StepStopped(paging.last.value, **metadata)
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+
+
+def _paged(outcome) -> int:
+    return 1 if outcome is ScanOutcome.ADVANCED else 0
 
 
 # --- drain this collection's work -----------------------------------------------------------
@@ -204,7 +212,10 @@ def drain_collection_work(
 
     def step(claim: ReconciliationClaim) -> StepReport:
         budget = Budget(max_seconds=config.max_seconds)
-        paging = walks.drain_collection_work(engine, claim, budget, config.batch_size)
+        with logged_progress(context, "drain_collection_work", "items") as progress:
+            paging = walks.drain_collection_work(
+                engine, claim, budget, config.batch_size, progress=progress.counting(_claimed)
+            )
         counts = {
             "batches": len(paging.results),
             "completed": sum(batch.completed_count for batch in paging.results),
@@ -238,7 +249,9 @@ def scan_sources(
         if entered.restarted:
             _restart_later(engine, entered.claim)
         claim = _advanced(entered, "entered").lease
-        paging = walks.source_pages(engine, claim, Budget(config.max_pages, config.max_seconds))
+        budget = Budget(config.max_pages, config.max_seconds)
+        with logged_progress(context, "scan_sources", "pages") as progress:
+            paging = walks.source_pages(engine, claim, budget, progress=progress.counting(_paged))
         metadata = {"pages": paging.count(ScanOutcome.ADVANCED)}
         stop_unless_done(paging, **metadata)
         if paging.last is ScanOutcome.EXHAUSTED:
@@ -248,6 +261,10 @@ def scan_sources(
         raise StepStopped(paging.last.value, **metadata)
 
     yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+
+
+def _claimed(batch) -> int:
+    return batch.claimed_count
 
 
 def _restart_later(engine: Engine, claim: ReconciliationClaim | None) -> NoReturn:

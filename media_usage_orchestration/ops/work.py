@@ -7,6 +7,7 @@ from ..processing.run_loop import Budget, drain_due_work
 from ..resources.database import MediaUsageDatabase
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 from .coverage import record_coverage
+from .progress import logged_progress
 
 
 class ProcessDueWorkConfig(dg.Config):
@@ -28,7 +29,13 @@ def project_due_work(
 ):
     budget = Budget(config.max_items, config.max_seconds)
     with retry_transient_errors_only():
-        drained = drain_due_work(database.engine, budget, config.batch_size)
+        with logged_progress(context, "work", "items", total=config.max_items) as progress:
+            drained = drain_due_work(
+                database.engine,
+                budget,
+                config.batch_size,
+                progress=progress.counting(lambda batch: batch.claimed_count),
+            )
         duration = budget.elapsed_seconds()
         for (collection_id, slug), completed in sorted(drained.completed_by_collection.items()):
             record_coverage(

@@ -7,6 +7,9 @@ reconciliation driver runs the same loops (`reconciliation/walks.py`).
   once, so the next run continues from the row's checkpoints.
 - `drain_due_work` claims and processes due work in batches until nothing is due, capture
   is inactive or the budget (items claimed, seconds) is spent.
+
+Both take an optional `progress` callable, told each page's or batch's result as it lands, so
+a caller can report how far a long step has come (the ops log it, throttled).
 """
 
 from __future__ import annotations
@@ -111,9 +114,10 @@ def page_until_done(
     budget: Budget,
     renew: Callable[[L], L | None],
     release_now: Callable[[L], bool],
+    progress: Callable[[R], None] | None = None,
 ) -> Paging[L, R]:
     """Run `page` while the budget allows, renewing the lease between pages (never after the
-    last one: the next step renews it when it starts)."""
+    last one: the next step renews it when it starts); `progress` is told each page's result."""
     results: list[R] = []
     while budget.spend():
         if results:
@@ -123,6 +127,8 @@ def page_until_done(
             lease = renewed
         paged = page(lease)
         results.append(paged.result)
+        if progress is not None:
+            progress(paged.result)
         lease = paged.lease
         if not paged.more:
             return Paging(PagingEnd.DONE, lease, tuple(results))
@@ -148,9 +154,15 @@ class WorkDrain:
     completed_by_collection: Mapping[tuple[str, str], int]
 
 
-def drain_due_work(engine: Engine, budget: Budget, batch_size: int) -> WorkDrain:
+def drain_due_work(
+    engine: Engine,
+    budget: Budget,
+    batch_size: int,
+    progress: Callable[[WorkBatchResult], None] | None = None,
+) -> WorkDrain:
     """Batches of due work, each at most `batch_size` and what is left of the budget's steps
-    (items claimed), until nothing is due, capture is inactive or the budget is spent."""
+    (items claimed), until nothing is due, capture is inactive or the budget is spent;
+    `progress` is told each batch's result."""
     counts = dict.fromkeys(WORK_COUNTS, 0)
     completed: Counter[tuple[str, str]] = Counter()
     while not budget.exhausted():
@@ -162,6 +174,8 @@ def drain_due_work(engine: Engine, budget: Budget, batch_size: int) -> WorkDrain
             return WorkDrain(WorkDrainEnd.INACTIVE, counts, completed)
         _add(counts, batch)
         completed.update(batch.completed_by_collection)
+        if progress is not None:
+            progress(batch)
         budget.charge(batch.claimed_count)
         if batch.claimed_count == 0:
             return WorkDrain(WorkDrainEnd.NOTHING_DUE, counts, completed)

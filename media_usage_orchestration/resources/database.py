@@ -1,35 +1,41 @@
-"""The Dagster resource that turns a database URL into a SQLAlchemy Engine."""
+"""The Dagster resource that turns the database URL into a SQLAlchemy Engine."""
+
+from __future__ import annotations
 
 import dagster as dg
-from pydantic import Field, PrivateAttr
+from pydantic import PrivateAttr
 from sqlalchemy import Engine
 
-from ..store.engine import (
-    DATABASE_URL_ENV,
-    create_database_engine,
-    default_database_url,
-    redacted_url,
-)
+from ..store.engine import create_database_engine, default_database_url, redacted_url
 
 
 class MediaUsageDatabase(dg.ConfigurableResource):
     """The CMS database: SQLite (embedded default) or PostgreSQL.
 
-    Leave `url` unset to read `MEDIA_USAGE_DATABASE_URL` at execution time (falling back to
-    `.media_usage/media_usage.db` under the working directory), so the URL and its password
-    never enter run config or run metadata. The engine is created in `setup_for_execution`,
-    never at import.
+    The resource has no config fields: the URL comes from `MEDIA_USAGE_DATABASE_URL` at
+    execution time (falling back to `.media_usage/media_usage.db` under the working directory),
+    so the Launchpad offers no field an operator could type a password into, and the URL never
+    enters run config or run metadata. Code that owns its database (the demo, the bench,
+    tests) names it with `for_url`, outside any run config. The engine is created in
+    `setup_for_execution`, never at import.
     """
 
-    url: str | None = Field(
-        default=None,
-        description=(
-            f"SQLAlchemy URL of the CMS database. Unset: ${DATABASE_URL_ENV}, else the SQLite "
-            "file .media_usage/media_usage.db."
-        ),
-    )
-
+    _url: str | None = PrivateAttr(default=None)
     _engine: Engine | None = PrivateAttr(default=None)
+
+    @classmethod
+    def for_url(cls, url: str) -> MediaUsageDatabase:
+        """The resource bound to `url` instead of the environment."""
+        resource = cls()
+        resource._url = url
+        return resource
+
+    def _with_updated_values(self, values):
+        # Dagster rebuilds the resource from its config fields when a run initializes it;
+        # the bound URL is no config field, so it is carried over here.
+        rebuilt = super()._with_updated_values(values)
+        rebuilt._url = self._url
+        return rebuilt
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._engine = create_database_engine(self.resolved_url())
@@ -40,7 +46,7 @@ class MediaUsageDatabase(dg.ConfigurableResource):
             self._engine = None
 
     def resolved_url(self) -> str:
-        return self.url or default_database_url()
+        return self._url or default_database_url()
 
     @property
     def display_url(self) -> str:

@@ -10,11 +10,18 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, String, case, cast, literal, null, select, union_all
 
+from .activation import read_activation
 from .clock import is_due
 from .engine import read_transaction
 from .leases import bounded_limit, due_candidates_statement
 from .predicates import no_deletion_tombstone, registry_identity_is_current
-from .reconciliations import MAX_CANDIDATES, needs_reconciliation_row
+from .reconciliations import (
+    MAX_CANDIDATES,
+    find_failed_statement,
+    find_stuck_failed_statement,
+    needs_reconciliation_row,
+    oldest_obsolete_statement,
+)
 from .schema import index_status, reconciliations, work
 
 
@@ -134,3 +141,33 @@ def claimable_reconciliations():
         )
         .subquery("claimable")
     )
+
+
+def _seed_candidate_statement():
+    status = index_status.alias("status")
+    return select(status.c.collection_id).where(needs_reconciliation_row(status)).limit(1)
+
+
+# Each is the selection of one settle loop (`processing/reconciliation/maintenance.py`),
+# limited to one row: the loop changes something exactly when its selection is not empty.
+_PENDING_SETTLEMENTS = {
+    "obsolete": oldest_obsolete_statement,
+    "failed": lambda: find_failed_statement(1),
+    "stuck": lambda: find_stuck_failed_statement(1),
+    "seed": _seed_candidate_statement,
+}
+
+
+def pending_settlements(engine: Engine) -> tuple[str, ...]:
+    """Which settle loops of the maintenance job have something to do now (obsolete, failed,
+    stuck, seed); none while capture is inactive, when settling does nothing. Four
+    one-row selections in one read transaction."""
+    with read_transaction(engine) as connection:
+        activation_row = read_activation(connection)
+        if activation_row is None or activation_row.state != "active":
+            return ()
+        return tuple(
+            name
+            for name, statement in _PENDING_SETTLEMENTS.items()
+            if connection.execute(statement()).first() is not None
+        )

@@ -386,6 +386,54 @@ def find_due_statement(limit: int) -> Select:
     return due_candidates_statement(reconciliations, _candidate_limit(limit))
 
 
+def find_failed_statement(limit: int) -> Select:
+    """`find_failed`'s rows, oldest first (the maintenance probe asks for one)."""
+    reconciliation = reconciliations.alias("reconciliation")
+    status = index_status.alias("status")
+    return (
+        select(reconciliation)
+        .join(
+            status,
+            and_(
+                status.c.collection_id == reconciliation.c.collection_id,
+                status.c.scope_key == reconciliation.c.collection_slug,
+            ),
+        )
+        .where(
+            reconciliation.c.state == LeaseState.FAILED.value,
+            is_content_collection_status(status),
+            or_(
+                status.c.reconciliation_required == 0,
+                and_(
+                    status.c.status == "running",
+                    status.c.cursor == reconciliation.c.run_token,
+                ),
+                and_(
+                    status.c.cursor.is_(None),
+                    status.c.change_epoch > reconciliation.c.target_epoch,
+                ),
+            ),
+        )
+        .order_by(reconciliation.c.updated_at, reconciliation.c.collection_id)
+        .limit(limit)
+    )
+
+
+def find_stuck_failed_statement(limit: int) -> Select:
+    """`find_stuck_failed`'s rows, oldest first (the maintenance probe asks for one)."""
+    status, unowned = _unowned_status_for_row()
+    return (
+        select(reconciliations)
+        .where(
+            reconciliations.c.state == LeaseState.FAILED.value,
+            reconciliations.c.target_epoch.is_(None),
+            exists(select(status.c.collection_id).where(unowned)),
+        )
+        .order_by(reconciliations.c.updated_at, reconciliations.c.collection_id)
+        .limit(limit)
+    )
+
+
 def seed_next_candidate_statement(
     connection: Connection, run_token: str, collection_id: str | None = None
 ):
@@ -600,36 +648,7 @@ class ReconciliationRepository:
         """Failed rows whose outcome can now be published or reset: coverage was completed by
         someone else, this run still owns a running status, or the epoch moved past the one the
         row failed at (never a row without one: see `find_stuck_failed`)."""
-        limit = _candidate_limit(limit)
-        reconciliation = reconciliations.alias("reconciliation")
-        status = index_status.alias("status")
-        statement = (
-            select(reconciliation)
-            .join(
-                status,
-                and_(
-                    status.c.collection_id == reconciliation.c.collection_id,
-                    status.c.scope_key == reconciliation.c.collection_slug,
-                ),
-            )
-            .where(
-                reconciliation.c.state == LeaseState.FAILED.value,
-                is_content_collection_status(status),
-                or_(
-                    status.c.reconciliation_required == 0,
-                    and_(
-                        status.c.status == "running",
-                        status.c.cursor == reconciliation.c.run_token,
-                    ),
-                    and_(
-                        status.c.cursor.is_(None),
-                        status.c.change_epoch > reconciliation.c.target_epoch,
-                    ),
-                ),
-            )
-            .order_by(reconciliation.c.updated_at, reconciliation.c.collection_id)
-            .limit(limit)
-        )
+        statement = find_failed_statement(_candidate_limit(limit))
         with read_transaction(self.engine) as connection:
             return [_to_record(row) for row in connection.execute(statement)]
 
@@ -1314,18 +1333,7 @@ class ReconciliationRepository:
         """Beyond the seed: failed rows without a target epoch on a status nobody owns. The
         seed's `find_failed` never lists them and `reset_failed_for_new_epoch` never matches
         them; `pin_stuck_failed_epoch` turns each into an ordinary seed failure."""
-        limit = _candidate_limit(limit)
-        status, unowned = _unowned_status_for_row()
-        statement = (
-            select(reconciliations)
-            .where(
-                reconciliations.c.state == LeaseState.FAILED.value,
-                reconciliations.c.target_epoch.is_(None),
-                exists(select(status.c.collection_id).where(unowned)),
-            )
-            .order_by(reconciliations.c.updated_at, reconciliations.c.collection_id)
-            .limit(limit)
-        )
+        statement = find_stuck_failed_statement(_candidate_limit(limit))
         with read_transaction(self.engine) as connection:
             return [_to_record(row) for row in connection.execute(statement)]
 
@@ -1458,10 +1466,12 @@ def _running_epoch(collection_id: str, run_token: str):
     )
 
 
-def delete_one_obsolete_statement():
+def oldest_obsolete_statement() -> Select:
+    """The oldest coordinator whose coverage is already trusted (what
+    `delete_one_obsolete` deletes)."""
     reconciliation = reconciliations.alias("reconciliation")
     status = index_status.alias("status")
-    oldest_obsolete = (
+    return (
         select(reconciliation.c.collection_id, reconciliation.c.run_token)
         .join(
             status,
@@ -1474,6 +1484,10 @@ def delete_one_obsolete_statement():
         .order_by(reconciliation.c.updated_at, reconciliation.c.collection_id)
         .limit(1)
     )
+
+
+def delete_one_obsolete_statement():
+    oldest_obsolete = oldest_obsolete_statement()
     return (
         delete(reconciliations)
         .where(

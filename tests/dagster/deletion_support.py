@@ -40,7 +40,7 @@ def run_request_job(db, instance, collection: str, force: bool = False):
     return request_collection_deletion.execute_in_process(
         run_config=run_config,
         instance=instance,
-        resources={"database": MediaUsageDatabase(url=db.url)},
+        resources={"database": MediaUsageDatabase.for_url(db.url)},
         raise_on_error=False,
     )
 
@@ -49,7 +49,7 @@ def run_deletion_job(db, instance, run_config, tags=None, raise_on_error=True):
     return media_usage_collection_deletion.execute_in_process(
         run_config=run_config,
         instance=instance,
-        resources={"database": MediaUsageDatabase(url=db.url)},
+        resources={"database": MediaUsageDatabase.for_url(db.url)},
         tags=dict(tags or {}),
         raise_on_error=raise_on_error,
     )

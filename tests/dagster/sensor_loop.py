@@ -22,7 +22,7 @@ RUN_KEY_TAG = local_runner.RUN_KEY_TAG
 
 def resources_for(url: str, **automation: Any) -> dict[str, Any]:
     return {
-        "database": MediaUsageDatabase(url=url),
+        "database": MediaUsageDatabase.for_url(url),
         "automation": MediaUsageAutomation(**automation),
     }
 

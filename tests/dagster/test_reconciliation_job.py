@@ -284,9 +284,10 @@ def test_the_maintenance_schedule_runs_the_job_that_settles_seeds_and_syncs(db):
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["pages", "deleted_long_ago"])
         scheduled = datetime.datetime(2026, 11, 30, 4, 2, tzinfo=datetime.UTC)
-        context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
-
-        data = media_usage_maintenance_schedule.evaluate_tick(context)
+        with dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=scheduled, resources=resources(db)
+        ) as context:
+            data = media_usage_maintenance_schedule.evaluate_tick(context)
 
         [request] = data.run_requests
         dg.validate_run_config(MAINTENANCE_JOB, request.run_config)

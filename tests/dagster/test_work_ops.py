@@ -55,7 +55,7 @@ COUNTS = ("claimed", "completed", "retry", "failed", "superseded", "obsolete", "
 
 
 def _resources(url: str) -> dict:
-    return {"database": MediaUsageDatabase(url=url)}
+    return {"database": MediaUsageDatabase.for_url(url)}
 
 
 def _run_work_op(db, **config) -> dict:

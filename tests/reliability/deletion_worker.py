@@ -40,7 +40,7 @@ def main(url: str, collection_id: str, hold_batch: int) -> None:
     # The test's instance (DAGSTER_HOME), so the run is recorded where the sensor looks.
     media_usage_collection_deletion.execute_in_process(
         run_config={"ops": {"claim_deletion": {"config": {"collection_id": collection_id}}}},
-        resources={"database": MediaUsageDatabase(url=url)},
+        resources={"database": MediaUsageDatabase.for_url(url)},
         instance=dg.DagsterInstance.get(),
         tags={"media_usage/collection_id": collection_id},
     )

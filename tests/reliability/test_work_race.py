@@ -108,7 +108,7 @@ def _work_process(url: str, ledger_path: str, summary_path: str, start) -> None:
             }
         },
         instance=dg.DagsterInstance.ephemeral(),
-        resources={"database": MediaUsageDatabase(url=url)},
+        resources={"database": MediaUsageDatabase.for_url(url)},
         raise_on_error=False,
     )
     metadata = {}

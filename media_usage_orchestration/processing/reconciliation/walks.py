@@ -32,9 +32,10 @@ def scan_pages(
     claim: ReconciliationClaim,
     budget: Budget,
     lease_seconds: int = LEASE_DURATION_SECONDS,
+    progress: Callable[[PageOutcome], None] | None = None,
 ) -> Paging[ReconciliationClaim, PageOutcome]:
     """Scan pages until the scan is exhausted (`exhausted` last) or a page stops the run."""
-    return _page_walk(engine, claim, steps.scan_page, budget, lease_seconds, rescan=True)
+    return _page_walk(engine, claim, steps.scan_page, budget, lease_seconds, progress, rescan=True)
 
 
 def source_pages(
@@ -42,10 +43,13 @@ def source_pages(
     claim: ReconciliationClaim,
     budget: Budget,
     lease_seconds: int = LEASE_DURATION_SECONDS,
+    progress: Callable[[PageOutcome], None] | None = None,
 ) -> Paging[ReconciliationClaim, PageOutcome]:
     """Source pages until the walk is exhausted (`exhausted` last), the run restarted
     (`restart_required` last) or a page stops the run."""
-    return _page_walk(engine, claim, steps.source_page, budget, lease_seconds, rescan=False)
+    return _page_walk(
+        engine, claim, steps.source_page, budget, lease_seconds, progress, rescan=False
+    )
 
 
 def _page_walk(
@@ -54,6 +58,7 @@ def _page_walk(
     step: Callable[[Engine, ReconciliationClaim], PageOutcome],
     budget: Budget,
     lease_seconds: int,
+    progress: Callable[[PageOutcome], None] | None,
     *,
     rescan: bool,
 ) -> Paging[ReconciliationClaim, PageOutcome]:
@@ -63,7 +68,7 @@ def _page_walk(
             return _restarted(engine, claim, rescan=rescan)
         return Page(paged, claim, more=paged is ScanOutcome.ADVANCED)
 
-    return _walk(engine, claim, page, budget, lease_seconds)
+    return _walk(engine, claim, page, budget, lease_seconds, progress)
 
 
 def drain_collection_work(
@@ -72,6 +77,7 @@ def drain_collection_work(
     budget: Budget,
     batch_size: int,
     lease_seconds: int = LEASE_DURATION_SECONDS,
+    progress: Callable[[WorkBatchResult], None] | None = None,
 ) -> Paging[ReconciliationClaim, WorkBatchResult]:
     """Process the collection's due work, batch after batch, while some is pending. What
     cannot run now (retrying, leased elsewhere) is left to the barrier of the next step."""
@@ -82,7 +88,7 @@ def drain_collection_work(
         done = process_due_batch(engine, batch_size, collection_id=claim.collection_id)
         return Page(done, claim, more=done.claimed_count > 0 and _work_pending(engine, claim))
 
-    return _walk(engine, claim, batch, budget, lease_seconds)
+    return _walk(engine, claim, batch, budget, lease_seconds, progress)
 
 
 def _work_pending(engine: Engine, claim: ReconciliationClaim) -> bool:
@@ -106,6 +112,7 @@ def _walk(
     page: Callable[[ReconciliationClaim], Page],
     budget: Budget,
     lease_seconds: int,
+    progress: Callable | None,
 ) -> Paging:
     return page_until_done(
         claim,
@@ -113,4 +120,5 @@ def _walk(
         budget=budget,
         renew=lambda held: steps.renew(engine, held, lease_seconds),
         release_now=lambda held: steps.release(engine, held, CONTINUE_DELAY_SECONDS),
+        progress=progress,
     )

@@ -1,0 +1,76 @@
+"""Progress of a long op in its run log: how much is done (of how much, when that is known)
+and the rate, at INFO, at most one line every `PROGRESS_INTERVAL_SECONDS` plus a final line.
+
+The loops themselves (`processing/run_loop.py`, `processing/reconciliation/walks.py`) only
+call a plain callable with each page's or batch's result; this module counts and throttles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import dagster as dg
+
+R = TypeVar("R")
+
+PROGRESS_INTERVAL_SECONDS = 1.0
+
+
+class ProgressLog:
+    """Counts what an op has done and writes a throttled line through `log`."""
+
+    def __init__(
+        self,
+        log: Callable[[str], None],
+        what: str,
+        unit: str,
+        *,
+        total: int | None = None,
+        interval: float = PROGRESS_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = log
+        self.what = what
+        self.unit = unit
+        self.total = total
+        self.interval = interval
+        self.clock = clock
+        self.started = self.last_line = clock()
+        self.done = 0
+
+    def add(self, amount: int) -> None:
+        self.done += amount
+        now = self.clock()
+        if now - self.last_line >= self.interval:
+            self.last_line = now
+            self.log(f"{self.what}: {self._so_far(now)}")
+
+    def counting(self, amount: Callable[[R], int]) -> Callable[[R], None]:
+        """The callback a loop is given: each result adds `amount(result)`."""
+        return lambda result: self.add(amount(result))
+
+    def finish(self) -> None:
+        self.log(f"{self.what}: finished, {self._so_far(self.clock())}")
+
+    def _so_far(self, now: float) -> str:
+        elapsed = max(now - self.started, 0.0)
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        of_total = f" of at most {self.total}" if self.total is not None else ""
+        return f"{self.done}{of_total} {self.unit} in {elapsed:.1f} s ({rate:.1f} {self.unit}/s)"
+
+
+@contextlib.contextmanager
+def logged_progress(
+    context: dg.OpExecutionContext, what: str, unit: str, *, total: int | None = None
+) -> Iterator[ProgressLog]:
+    """A `ProgressLog` on the op's INFO log whose final line is written however the op ends."""
+    progress = ProgressLog(
+        context.log.info, what, unit, total=total, interval=PROGRESS_INTERVAL_SECONDS
+    )
+    try:
+        yield progress
+    finally:
+        progress.finish()

@@ -1,0 +1,80 @@
+"""Long ops log their progress: done (of a total when known) and the rate, throttled to at
+most one line per interval, plus a final line with the total."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from media_usage_orchestration import jobs
+from media_usage_orchestration.ops import progress as progress_module
+from media_usage_orchestration.ops.progress import ProgressLog
+from media_usage_orchestration.store.cms import CmsWriter
+from tests.dagster.sensor_loop import resources
+from tests.processing.reconciliation_helpers import captured_collection, image_entry
+from tests.processing.test_run_loop import Clock as FakeClock
+
+
+def test_lines_are_throttled_and_the_last_reports_the_total():
+    clock, lines = FakeClock(), []
+    progress = ProgressLog(lines.append, "scan", "items", total=500, interval=1.0, clock=clock)
+    for _ in range(100):  # 100 batches of 5 items over 10 s: one every 0.1 s
+        clock.now += 0.1
+        progress.add(5)
+    progress.finish()
+
+    assert 9 <= len(lines) - 1 <= 10  # about one a second
+    assert lines[-1] == "scan: finished, 500 of at most 500 items in 10.0 s (50.0 items/s)"
+
+
+def test_an_interval_of_zero_logs_every_batch_and_a_large_one_only_the_final_line():
+    clock, every, final_only = FakeClock(), [], []
+    eager = ProgressLog(every.append, "w", "rows", interval=0, clock=clock)
+    lazy = ProgressLog(final_only.append, "w", "rows", interval=3600, clock=clock)
+    for _ in range(7):
+        clock.now += 0.5
+        eager.add(2)
+        lazy.add(2)
+    eager.finish()
+    lazy.finish()
+
+    assert len(every) == 8
+    assert every[0] == "w: 2 rows in 0.5 s (4.0 rows/s)"
+    assert final_only == ["w: finished, 14 rows in 3.5 s (4.0 rows/s)"]
+
+
+def test_counting_adds_what_each_result_is_worth():
+    lines = []
+    progress = ProgressLog(lines.append, "drain", "items", interval=3600, clock=FakeClock())
+    count = progress.counting(len)
+    count([1, 2, 3])
+    count([])
+    assert progress.done == 3
+
+
+def _work_log_lines(db, instance, *, entries: int, batch_size: int) -> list[str]:
+    captured_collection(db.engine, "articles", [])
+    CmsWriter(db.engine).insert_entries(
+        "articles", [image_entry(f"entry-{n}") for n in range(entries)]
+    )
+    run_config = {"ops": {"process_due_work": {"config": {"batch_size": batch_size}}}}
+    result = jobs.media_usage_work.execute_in_process(
+        run_config=run_config, instance=instance, resources=resources(db)
+    )
+    assert result.success
+    return [
+        entry.user_message
+        for entry in instance.all_logs(result.run_id)
+        if entry.user_message.startswith("work: ") and "items" in entry.user_message
+    ]
+
+
+@pytest.mark.parametrize(("interval", "expected_lines"), [(0, 4 + 1), (3600, 1)])
+def test_the_work_op_logs_bounded_progress_and_the_total(db, monkeypatch, interval, expected_lines):
+    monkeypatch.setattr(progress_module, "PROGRESS_INTERVAL_SECONDS", interval)
+    with dg.instance_for_test() as instance:
+        lines = _work_log_lines(db, instance, entries=6, batch_size=2)
+
+    # interval 0: one line per batch (three of two items, then the empty one) and the final
+    assert len(lines) == expected_lines, lines
+    assert lines[-1].startswith("work: finished, 6 of at most 5000 items in ")
