@@ -24,6 +24,7 @@ from media_usage_orchestration.sensors import media_usage_collection_deletion_se
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository
+from media_usage_orchestration.store.engine import DATABASE_URL_ENV
 from tests.dagster.deletion_support import (
     COLLECTION_ID_TAG,
     DELETION_JOB,
@@ -287,10 +288,9 @@ def test_reexecuting_a_failed_deletion_run_from_failure_reopens_and_finishes(
         raise RuntimeError("status table briefly unwritable")
 
     monkeypatch.setattr(DeletionRepository, "delete_status", broken)
-    run_config = {
-        **deletion_run_config(posts.id),
-        "resources": {"database": {"config": {"url": activated.url}}},
-    }
+    # The database comes from the environment only (it is no run-config field).
+    monkeypatch.setenv(DATABASE_URL_ENV, activated.url)
+    run_config = deletion_run_config(posts.id)
     with dg.execute_job(
         RECONSTRUCTABLE_DELETION_JOB, instance=instance, run_config=run_config
     ) as first:
