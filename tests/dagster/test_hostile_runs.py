@@ -15,8 +15,8 @@ from sqlalchemy import Engine, delete, event
 
 from media_usage_orchestration.local_runner import LANE_SENSORS
 from media_usage_orchestration.partitions import media_usage_collections
-from media_usage_orchestration.processing import reconciliation
 from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
 from media_usage_orchestration.store.probes import due_reconciliations
@@ -115,7 +115,7 @@ def test_a_deleted_collection_whose_lease_lapsed_gets_no_run_and_keeps_no_partit
     make_collection(db.engine, "kept")
     activate(db.engine)
     add_requested_partitions(instance, tick(db, instance))
-    assert reconciliation.claim_collection(db.engine, posts.id).claim is not None
+    assert steps.claim_collection(db.engine, posts.id).claim is not None
     remove(db, posts)
     # What maintenance does for a deleted collection, then the dead run's lease lapses.
     instance.delete_dynamic_partition(media_usage_collections.name, "posts")
@@ -136,13 +136,13 @@ def test_rows_of_deleted_collections_do_not_crowd_out_a_due_one(db):
     activate(db.engine)
     deleted = [make_collection(db.engine, f"gone{index}") for index in range(3)]
     for collection in deleted:
-        assert reconciliation.claim_collection(db.engine, collection.id).claim is not None
+        assert steps.claim_collection(db.engine, collection.id).claim is not None
         tombstone(db.engine, collection, DeletionPhase.WORK, force=True)
         backdate(
             db.engine, schema.reconciliations, "lease_expires_at", 600, collection_id=collection.id
         )
     live = make_collection(db.engine, "live")
-    assert reconciliation.claim_collection(db.engine, live.id).claim is not None
+    assert steps.claim_collection(db.engine, live.id).claim is not None
     backdate(db.engine, schema.reconciliations, "lease_expires_at", 1, collection_id=live.id)
 
     [candidate] = due_reconciliations(db.engine, 1)
