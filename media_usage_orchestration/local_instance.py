@@ -31,7 +31,10 @@ def instance_in_use(dagster_home: Path) -> str | None:
         return f"`make dev` (pid {pid}) is using {dagster_home}"
     age = fresh_heartbeat_age(dagster_home)
     if age is not None:
-        return f"a Dagster daemon is using {dagster_home} (heartbeat {age:.0f} s ago)"
+        return (
+            f"a Dagster daemon is using {dagster_home} (heartbeat {age:.0f} s ago; a stopped "
+            f"daemon's last heartbeat is ignored after {HEARTBEAT_FRESH_SECONDS} s)"
+        )
     return None
 
 

@@ -99,6 +99,15 @@ def dequeue_and_wait(context: WorkspaceProcessContext, run_ids: list[str]) -> li
         time.sleep(0.5)  # the run workers are other processes
 
 
+def step_failures(instance: dg.DagsterInstance, run_id: str) -> str:
+    """The error messages of the run's failed steps."""
+    records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+    return "\n".join(
+        record.event_log_entry.dagster_event.event_specific_data.error.message
+        for record in records.records
+    )
+
+
 def directory_snapshot(directory: Path) -> dict[str, str]:
     """Every file under `directory` with a digest of its content."""
     return {

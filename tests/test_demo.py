@@ -5,6 +5,7 @@ its own instance config and workspace: runs per job, partition status, sensor ti
 re-execution with the default run launcher."""
 
 import io
+import itertools
 import time
 
 import click
@@ -33,6 +34,7 @@ from tests.demo_support import (
     exited_pid,
     partition_statuses,
     reexecute_all_steps,
+    step_failures,
 )
 from tests.support import all_rows, snapshot
 
@@ -41,6 +43,7 @@ SMALL = (
     DemoCollection("pages", "pag", 25),
     DemoCollection(DELETED_COLLECTION, "pro", 15),
 )
+SUCCESS = dg.DagsterRunStatus.SUCCESS
 JOBS = {
     "media_usage_activation",
     "media_usage_reconciliation",
@@ -110,8 +113,13 @@ def _assert_make_dev_sees_the_demo(db, home, monkeypatch) -> None:
         for sensor in LANE_SENSORS:
             remote = repository.get_sensor(sensor.name)
             ticks = instance.get_ticks(remote.get_remote_origin_id(), remote.selector_id)
-            assert ticks, sensor.name
             assert TickStatus.SUCCESS in {tick.status for tick in ticks}, sensor.name
+            # Dagster's clock stayed behind the wall clock, a minimum interval between ticks.
+            times = sorted(tick.timestamp for tick in ticks)
+            assert times[-1] < time.time()
+            assert (
+                min(b - a for a, b in itertools.pairwise(times)) >= sensor.minimum_interval_seconds
+            )
             ticked_run_ids.update(run_id for tick in ticks for run_id in tick.run_ids)
         sensor_runs = {
             run.run_id for job in runs.values() for run in job if "dagster/sensor_name" in run.tags
@@ -124,12 +132,20 @@ def _assert_make_dev_sees_the_demo(db, home, monkeypatch) -> None:
             if run.tags["dagster/partition"] == "articles"
         ]
         [activation] = runs["media_usage_activation"]
-        parents = [articles, activation]
+        [deletion_request] = runs["request_collection_deletion"]
+        parents = [articles, activation, deletion_request]
         new_run_ids = [reexecute_all_steps(context, parent.run_id) for parent in parents]
         new_runs = dequeue_and_wait(context, new_run_ids)
         for parent, run in zip(parents, new_runs, strict=True):
-            assert (run.status, run.parent_run_id) == (dg.DagsterRunStatus.SUCCESS, parent.run_id)
-            assert run.remote_job_origin.location_name == LOCATION_NAME
+            assert (run.parent_run_id, run.remote_job_origin.location_name) == (
+                parent.run_id,
+                LOCATION_NAME,
+            )
+        # The deleted collection cannot be deleted twice: that run fails with the reason.
+        assert [run.status for run in new_runs] == [SUCCESS, SUCCESS, dg.DagsterRunStatus.FAILURE]
+        assert f"Collection '{DELETED_COLLECTION}' does not exist" in step_failures(
+            instance, new_runs[-1].run_id
+        )
     assert not verify_index(db.engine).has_drift
 
 

@@ -3,6 +3,7 @@ demo itself runs end to end in tests/test_demo.py (including proceeding past sta
 an earlier `make dev`)."""
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def _previous_demo(db, home) -> None:
         Path(f"{demo_file}{DEMO_DATABASE_MARKER_SUFFIX}").touch()
 
 
-def _assert_refused_in_one_line(db, home, message: str) -> None:
+def _assert_refused_in_one_line(db, home, message: str) -> str:
     before = (snapshot(db.engine), directory_snapshot(home))
 
     result = invoke(db, "demo", "--dagster-home", str(home))
@@ -74,6 +75,7 @@ def _assert_refused_in_one_line(db, home, message: str) -> None:
     assert message in result.output and "nothing was changed" in result.output
     assert "Traceback" not in result.output
     assert (snapshot(db.engine), directory_snapshot(home)) == before
+    return result.output
 
 
 def test_demo_refuses_an_instance_a_running_make_dev_uses(db, tmp_path):
@@ -90,7 +92,8 @@ def test_demo_refuses_an_instance_a_live_daemon_heartbeats_into(db, tmp_path):
     _previous_demo(db, home)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         instance.add_daemon_heartbeat(DaemonHeartbeat(time.time() - 5, "SENSOR", "live", None))
-    _assert_refused_in_one_line(db, home, "a Dagster daemon is using")
+    output = _assert_refused_in_one_line(db, home, "a Dagster daemon is using")
+    assert re.search(r"\(heartbeat \d+ s ago", output), output
 
 
 def test_stale_signs_of_make_dev_leave_the_instance_free(tmp_path):
