@@ -121,7 +121,8 @@ def test_failed_coverage_is_observed_with_its_error_code(db, monkeypatch):
         result = run_partition(db, instance, "articles", raise_on_error=False)
 
         assert not result.success
-        [observation] = _observations(instance, "articles")
+        # Activation observed the collection first; the failure is the latest observation.
+        activation, observation = _observations(instance, "articles")
         assert _materializations(instance, "articles") == []
 
     # Sources of the scanned page exist, so EmDash publishes the failure as `partial`.
@@ -129,6 +130,7 @@ def test_failed_coverage_is_observed_with_its_error_code(db, monkeypatch):
     assert (observation["reconciliation"], observation["coverage"]) == ("failed", "partial")
     assert observation["error_code"] == FAILED_CODE
     assert observation["entries"] == 10
+    assert activation["activation"] == "active" and "error_code" not in activation
 
 
 def test_a_failure_that_will_be_retried_records_no_coverage_event(db, monkeypatch):
@@ -145,6 +147,8 @@ def test_a_failure_that_will_be_retried_records_no_coverage_event(db, monkeypatc
         result = run_partition(db, instance, "articles", raise_on_error=False)
 
         assert not result.success
-        assert _observations(instance, "articles") == []
+        assert [each.get("reconciliation") for each in _observations(instance, "articles")] == [
+            None  # activation's observation only
+        ]
         assert _materializations(instance, "articles") == []
     assert status_row(db.engine, "articles")["status"] != "failed"
