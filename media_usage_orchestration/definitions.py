@@ -23,6 +23,7 @@ defs = dg.Definitions(
         jobs.retry_collection_deletion_job,
         jobs.retry_media_usage_reconciliation_job,
         jobs.media_usage_projection_gc,
+        jobs.media_usage_coverage_check,
     ],
     sensors=[
         sensors.media_usage_work_sensor,

@@ -1,18 +1,16 @@
-"""Coverage in the UI: the asset `media_usage_index` (one partition per collection slug), its
-check `coverage_complete`, and one history asset per collection.
+"""Coverage in the UI: the asset `media_usage_index` (one partition per collection slug) and
+its check `coverage_complete`.
 
-Every run that changes a collection records, from one read of what its index holds now:
-- an event of the collection's `media_usage_index` partition: a materialization when a
-  reconciliation completes coverage or a work run projects entries, an observation when only
-  the collection's state changed (failed coverage with its error code, work that failed for
-  good, an operator's retry, activation);
+Every run that changes a collection (a reconciliation completing or failing, a work run that
+completed or failed items of it, an operator's retry, activation) reads what its index holds
+now, once, and records it twice:
+- a materialization of the collection's partition with the numbers `media-usage status` shows
+  (and the run's own: duration, items projected or failed, what the operator retried). Always
+  a materialization: the asset page shows a partition's latest materialization ahead of any
+  newer observation, so the page equals the status only if every change is one;
 - the partition's `coverage_complete` evaluation: it fails (severity ERROR) unless coverage is
-  complete with no failed and no stuck work, with the error codes and counts as metadata;
-- an observation of `media_usage_coverage/<slug>` with the same numbers: Dagster 1.13 plots a
-  partitioned asset's metadata across all partitions on one line (or the latest value per
-  partition), never one partition over time, so each collection's history has its own key,
-  whose Plots tab draws that collection alone. A collection's deletion removes its partition
-  and wipes its history key.
+  complete with no failed and no stuck work, with the counts and error codes as metadata.
+A collection's deletion removes its partition.
 """
 
 from collections.abc import Mapping
@@ -29,7 +27,6 @@ from ..store.registry import read_collection_id
 
 MEDIA_USAGE_INDEX = dg.AssetKey("media_usage_index")
 COVERAGE_CHECK = "coverage_complete"
-HISTORY_PREFIX = "media_usage_coverage"
 FAILED_WORK_OUTCOME = "failed_work"
 
 media_usage_index = dg.AssetSpec(
@@ -37,17 +34,11 @@ media_usage_index = dg.AssetSpec(
     partitions_def=media_usage_collections,
     group_name="media_usage",
     kinds={"sql"},
-    description="EmDash's media usage index (sources and occurrences) of one collection: "
-    "materialized when a reconciliation completes its coverage or a work run projects its "
-    "entries; observed when only its state changes (failed coverage with the error code, work "
-    "that failed for good, an operator's retry, activation). Each collection's history over "
-    "time: the asset media_usage_coverage/<slug>.",
+    description="EmDash's media usage index (sources and occurrences) of one collection, "
+    "materialized with what it holds whenever a run changes the collection: a reconciliation "
+    "completing or failing (with its error code), a work run, an operator's retry, activation. "
+    "The check coverage_complete says whether the index can be trusted.",
 )
-
-
-def coverage_history_key(slug: str) -> dg.AssetKey:
-    """The asset whose events are one collection's coverage over time."""
-    return dg.AssetKey([HISTORY_PREFIX, slug])
 
 
 def record_coverage(
@@ -56,10 +47,11 @@ def record_coverage(
     collection_id: str,
     slug: str,
     duration_seconds: float | None = None,
-    **counts: int,
+    **extra: str | int,
 ) -> CollectionCoverage | None:
-    """Materialize the collection's partition with what its index holds now. The duration is
-    the run's own when given, else how long the completed coverage took."""
+    """Materialize the collection's partition with what its index holds now, and evaluate its
+    check. The duration is the run's own when given, else how long the completed coverage
+    took; `extra` names what the run did (counts, or a word such as the operator's retry)."""
     coverage = read_collection_coverage(engine, collection_id)
     if coverage is None:  # deleted since: its partition has nothing left to show
         return None
@@ -68,74 +60,39 @@ def record_coverage(
     metadata = coverage_metadata(coverage)
     if duration_seconds is not None:
         metadata["duration_seconds"] = dg.MetadataValue.float(round(duration_seconds, 3))
-    metadata.update({name: dg.MetadataValue.int(value) for name, value in counts.items()})
-    _log_coverage(
-        context,
-        coverage,
-        dg.AssetMaterialization(asset_key=MEDIA_USAGE_INDEX, partition=slug, metadata=metadata),
+    metadata.update(_metadata_values(extra))
+    _ensure_partition(context, slug)
+    context.log_event(
+        dg.AssetMaterialization(asset_key=MEDIA_USAGE_INDEX, partition=slug, metadata=metadata)
     )
-    return coverage
-
-
-def record_observed_coverage(
-    context: dg.OpExecutionContext,
-    engine: Engine,
-    collection_id: str,
-    slug: str,
-    **extra: str | int,
-) -> CollectionCoverage | None:
-    """Observe the partition: the collection's state changed but its index was not rebuilt."""
-    coverage = read_collection_coverage(engine, collection_id)
-    if coverage is None:
-        return None
-    metadata = {**coverage_metadata(coverage), **_metadata_values(extra)}
-    _log_coverage(
-        context,
-        coverage,
-        dg.AssetObservation(asset_key=MEDIA_USAGE_INDEX, partition=slug, metadata=metadata),
-    )
+    context.log_event(coverage_check_evaluation(coverage))
     return coverage
 
 
 def record_failed_coverage(
     context: dg.OpExecutionContext, engine: Engine, collection_id: str, slug: str
 ) -> None:
-    """Observe the partition as failed, with the error code its status row published."""
-    coverage = read_collection_coverage(engine, collection_id)
-    if coverage is None:
-        return
-    failure = {"reconciliation": "failed", "error_code": coverage.last_error_code or "unknown"}
-    metadata = {**coverage_metadata(coverage), **_metadata_values(failure)}
-    _log_coverage(
-        context,
-        coverage,
-        dg.AssetObservation(asset_key=MEDIA_USAGE_INDEX, partition=slug, metadata=metadata),
-    )
+    """Record the partition as failed, with the error code its status row published."""
+    record_coverage(context, engine, collection_id, slug, reconciliation="failed")
 
 
 def record_drained_coverage(
     context: dg.OpExecutionContext, engine: Engine, drained: WorkDrain, duration_seconds: float
 ) -> None:
-    """After a work run: materialize each collection it projected entries of, observe each
-    where it only failed items for good, and warn with the failed counts and error codes."""
+    """After a work run: record each collection it completed or failed items of, and warn with
+    the counts and error codes of the items that failed for good."""
     failures = []
     for collection_id, slug in drained.changed_collections:
-        completed = drained.completed_by_collection.get((collection_id, slug), 0)
         failed = drained.failed_by_collection.get((collection_id, slug), 0)
-        if completed:
-            coverage = record_coverage(
-                context,
-                engine,
-                collection_id,
-                slug,
-                duration_seconds=duration_seconds,
-                entries_projected=completed,
-                work_failed=failed,
-            )
-        else:
-            coverage = record_observed_coverage(
-                context, engine, collection_id, slug, work_failed=failed
-            )
+        coverage = record_coverage(
+            context,
+            engine,
+            collection_id,
+            slug,
+            duration_seconds=duration_seconds,
+            entries_projected=drained.completed_by_collection.get((collection_id, slug), 0),
+            work_failed=failed,
+        )
         if failed:
             codes = failed_codes_text(coverage.failed_work_codes) if coverage else "deleted since"
             failures.append(f"{slug}: {failed} (failed work now: {codes})")
@@ -149,22 +106,22 @@ def record_drained_coverage(
 def record_collection_by_slug(
     context: dg.OpExecutionContext, engine: Engine, slug: str, **extra: str | int
 ) -> CollectionCoverage | None:
-    """Observe a collection named by slug; nothing when the registry no longer has it."""
+    """Record a collection named by slug; nothing when the registry no longer has it."""
     collection_id = read_collection_id(engine, slug)
     if collection_id is None:
         return None
-    return record_observed_coverage(context, engine, collection_id, slug, **extra)
+    return record_coverage(context, engine, collection_id, slug, **extra)
 
 
 def forget_deleted_collection(context: dg.OpExecutionContext, engine: Engine, slug: str) -> bool:
-    """Once the registry has no collection `slug`, remove its partition and wipe its history
-    key, so the asset's views no longer show it. True when it was forgotten."""
+    """Once the registry has no collection `slug`, remove its partition, so the asset's
+    partition views and the check's partitions no longer show it. True when it was removed."""
+    instance = context.instance
     if read_collection_id(engine, slug) is not None:
         return False
-    instance = context.instance
-    if instance.has_dynamic_partition(media_usage_collections.name, slug):
-        instance.delete_dynamic_partition(media_usage_collections.name, slug)
-    instance.wipe_assets([coverage_history_key(slug)])
+    if not instance.has_dynamic_partition(media_usage_collections.name, slug):
+        return False
+    instance.delete_dynamic_partition(media_usage_collections.name, slug)
     return True
 
 
@@ -177,6 +134,7 @@ def coverage_metadata(coverage: CollectionCoverage) -> dict[str, dg.MetadataValu
         "pending_work": dg.MetadataValue.int(coverage.pending_work),
         "failed_work": dg.MetadataValue.int(coverage.failed_work),
         "stuck_work": dg.MetadataValue.int(coverage.stuck_work),
+        "error_code": dg.MetadataValue.text(coverage.last_error_code or "-"),
     }
     if coverage.entries is not None:
         metadata["entries"] = dg.MetadataValue.int(coverage.entries)
@@ -189,9 +147,8 @@ def coverage_metadata(coverage: CollectionCoverage) -> dict[str, dg.MetadataValu
 
 
 def coverage_check_metadata(coverage: CollectionCoverage) -> dict[str, dg.MetadataValue]:
-    """The partition's numbers, the coverage row's error code and the failed work's codes."""
+    """The partition's numbers with the coverage row's error code, and the failed work's codes."""
     metadata = coverage_metadata(coverage)
-    metadata["last_error_code"] = dg.MetadataValue.text(coverage.last_error_code or "-")
     metadata["failed_work_codes"] = dg.MetadataValue.text(
         failed_codes_text(coverage.failed_work_codes) or "-"
     )
@@ -281,33 +238,6 @@ def _parse(timestamp: str) -> datetime | None:
 
 
 # --- events -----------------------------------------------------------------------------------
-
-
-def _log_coverage(
-    context: dg.OpExecutionContext,
-    coverage: CollectionCoverage,
-    event: dg.AssetMaterialization | dg.AssetObservation,
-) -> None:
-    """The partition's event, its check evaluation and the collection's history point: three
-    events from one read, one instance write each."""
-    _ensure_partition(context, coverage.collection_slug)
-    context.log_event(event)
-    context.log_event(coverage_check_evaluation(coverage))
-    numbers = {
-        name: value
-        for name, value in event.metadata.items()
-        if isinstance(value, (dg.IntMetadataValue, dg.FloatMetadataValue))
-    }
-    context.log_event(
-        dg.AssetObservation(
-            asset_key=coverage_history_key(coverage.collection_slug),
-            metadata={
-                **numbers,
-                "coverage": dg.MetadataValue.text(coverage.status or "none"),
-                "complete": dg.MetadataValue.bool(coverage.is_complete),
-            },
-        )
-    )
 
 
 def _metadata_values(values: Mapping[str, str | int]) -> dict[str, dg.MetadataValue]:

@@ -8,7 +8,6 @@ from ..processing.reconciliation.maintenance import settle_reconciliations
 from ..resources.database import MediaUsageDatabase
 from ..store.registry import read_collection_slugs
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-from .coverage import coverage_history_key
 
 
 @dg.op(
@@ -38,8 +37,6 @@ def sync_collection_partitions(context: dg.OpExecutionContext, database: MediaUs
         context.instance.add_dynamic_partitions(media_usage_collections.name, added)
     for slug in removed:
         context.instance.delete_dynamic_partition(media_usage_collections.name, slug)
-    if removed:  # a deleted collection's history leaves the catalog with its partition
-        context.instance.wipe_assets([coverage_history_key(slug) for slug in removed])
     yield dg.Output(
         None,
         metadata={
