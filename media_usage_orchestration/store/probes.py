@@ -62,18 +62,22 @@ def _work_due_branch(state: str, column):
     )
 
 
-def earliest_due_work(engine: Engine) -> DueWork | None:
-    """The first due item in `find_due_work` order (the seed's due order) and whether any
-    due item is an expired lease: one statement, one index entry per due state."""
+def earliest_due_work_statement():
+    """At most one row per due state, the earliest of each, so both of `earliest_due_work`'s
+    answers come from one statement."""
     branches = [
         _work_due_branch("pending", work.c.next_attempt_at).subquery("pending_due"),
         _work_due_branch("retry", work.c.next_attempt_at).subquery("retry_due"),
         _work_due_branch("leased", work.c.lease_expires_at).subquery("lease_expired"),
     ]
-    # At most one row per branch: the earliest of each, so both answers come from one statement.
-    statement = union_all(*(select(branch) for branch in branches))
+    return union_all(*(select(branch) for branch in branches))
+
+
+def earliest_due_work(engine: Engine) -> DueWork | None:
+    """The first due item in `find_due_work` order (the seed's due order) and whether any
+    due item is an expired lease: one statement, one index entry per due state."""
     with read_transaction(engine) as connection:
-        rows = connection.execute(statement).all()
+        rows = connection.execute(earliest_due_work_statement()).all()
     if not rows:
         return None
     first = min(
