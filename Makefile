@@ -31,17 +31,19 @@ dev: $(STAMP)
 		echo $$$$ > "$$DAGSTER_HOME/media_usage_dev.pid" && \
 		exec dg dev --use-active-venv -w workspace.yaml -p $(DEV_PORT)
 
-BENCH_ENTRIES ?= 20000
+BENCH_ENTRIES ?= 5000
+BENCH_TICK_ROWS ?= 1000000
+BENCH_LARGE_POSTGRES ?= large-postgres
 MEDIA_USAGE_BENCH_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 
-# Reconciliation throughput from scratch: driver and Dagster runs, on SQLite and PostgreSQL.
+# Every measurement in its own process, then one summary table with the targets: the four
+# reconciliations (SQLite/PostgreSQL x driver/Dagster), 10x the entries, the drain with 2 workers
+# on PostgreSQL against one, the work sensor's tick over BENCH_TICK_ROWS work rows.
+# BENCH_LARGE_POSTGRES=no-large-postgres skips the 10x run on PostgreSQL.
 bench: $(STAMP)
-	$(BIN)/media-usage bench --entries $(BENCH_ENTRIES) --mode driver
-	$(BIN)/media-usage bench --entries $(BENCH_ENTRIES) --mode dagster
-	$(BIN)/media-usage bench --entries $(BENCH_ENTRIES) --mode driver \
-		--database-url '$(MEDIA_USAGE_BENCH_POSTGRES_URL)'
-	$(BIN)/media-usage bench --entries $(BENCH_ENTRIES) --mode dagster \
-		--database-url '$(MEDIA_USAGE_BENCH_POSTGRES_URL)'
+	$(BIN)/python -m media_usage_orchestration.bench.suite --entries $(BENCH_ENTRIES) \
+		--tick-rows $(BENCH_TICK_ROWS) --$(BENCH_LARGE_POSTGRES) \
+		--postgres-url '$(MEDIA_USAGE_BENCH_POSTGRES_URL)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

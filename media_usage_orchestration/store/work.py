@@ -1018,6 +1018,25 @@ class WorkRepository:
             row = connection.execute(statement).first()
         return _record(row._mapping) if row else None
 
+    def collection_has_live_leases(self, collection_id: str) -> bool:
+        """Whether some of the collection's work is leased and its lease still live: another
+        claimer is processing it and will complete, retry or fail it under its own lease (or
+        let the lease lapse, after which it is due again). Served by the lease index."""
+        require_text(collection_id, "Media usage live-lease check requires a collection ID")
+        statement = (
+            select(literal(1))
+            .select_from(work)
+            .where(
+                work.c.state == _LEASED,
+                work.c.collection_id == collection_id,
+                work.c.lease_expires_at.is_not(None),
+                _lease_is_live(),
+            )
+            .limit(1)
+        )
+        with read_transaction(self.engine) as connection:
+            return connection.execute(statement).first() is not None
+
     def claim_work(
         self, collection_id: str, content_id: str, work_version: int | str, lease_seconds: int
     ) -> WorkRecord | None:

@@ -25,6 +25,7 @@ from ...store.reconciliations import (
     ReconciliationRepository,
     WorkBarrier,
 )
+from ..phases import phase
 from ..retry_policy import RECONCILIATION_RETRY
 from ..work import capture_is_active
 from . import machine
@@ -216,6 +217,11 @@ def enter_sources(engine: Engine, claim: ReconciliationClaim) -> StepResult:
     entry's work failed; wait (30 s) while work is pending. A run whose epoch or fields
     moved is restarted (`restarted`); one whose scan is not exhausted is handed back due at
     once (`deferred`)."""
+    with phase("sources"):
+        return _enter_sources(engine, claim)
+
+
+def _enter_sources(engine: Engine, claim: ReconciliationClaim) -> StepResult:
     repository = ReconciliationRepository(engine)
     current = machine.current_record(repository, claim)
     if current is None:
@@ -260,6 +266,11 @@ def finalize(engine: Engine, claim: ReconciliationClaim) -> StepResult:
     no work remains (wait 30 s while work is pending; fail the run on failed work). A run
     whose epoch or fields moved is restarted (`restarted`); one whose source walk is not
     done is handed back due at once (`deferred`)."""
+    with phase("finalize"):
+        return _finalize(engine, claim)
+
+
+def _finalize(engine: Engine, claim: ReconciliationClaim) -> StepResult:
     repository = ReconciliationRepository(engine)
     current = machine.current_record(repository, claim)
     if current is None:

@@ -10,10 +10,13 @@ with the fresh scan's claim): the scan must be walked again before the sources.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from ...store.engine import Engine
 from ...store.reconciliations import ReconciliationClaim, WorkBarrierState
+from ...store.work import WorkRepository
+from ..phases import phase
 from ..run_loop import Budget, Page, Paging, PagingEnd, page_until_done
 from ..work import WorkBatchResult, process_due_batch
 from . import steps
@@ -25,6 +28,8 @@ from .model import (
 )
 
 PageOutcome = ScanOutcome | ReconciliationOutcome
+# How often a drain whose remaining items are leased by other claimers looks again.
+OTHER_CLAIMERS_POLL_SECONDS = 0.05
 
 
 def scan_pages(
@@ -35,7 +40,10 @@ def scan_pages(
     progress: Callable[[PageOutcome], None] | None = None,
 ) -> Paging[ReconciliationClaim, PageOutcome]:
     """Scan pages until the scan is exhausted (`exhausted` last) or a page stops the run."""
-    return _page_walk(engine, claim, steps.scan_page, budget, lease_seconds, progress, rescan=True)
+    with phase("scan"):
+        return _page_walk(
+            engine, claim, steps.scan_page, budget, lease_seconds, progress, rescan=True
+        )
 
 
 def source_pages(
@@ -47,9 +55,10 @@ def source_pages(
 ) -> Paging[ReconciliationClaim, PageOutcome]:
     """Source pages until the walk is exhausted (`exhausted` last), the run restarted
     (`restart_required` last) or a page stops the run."""
-    return _page_walk(
-        engine, claim, steps.source_page, budget, lease_seconds, progress, rescan=False
-    )
+    with phase("sources"):
+        return _page_walk(
+            engine, claim, steps.source_page, budget, lease_seconds, progress, rescan=False
+        )
 
 
 def _page_walk(
@@ -78,17 +87,31 @@ def drain_collection_work(
     batch_size: int,
     lease_seconds: int = LEASE_DURATION_SECONDS,
     progress: Callable[[WorkBatchResult], None] | None = None,
+    pause: Callable[[float], None] = time.sleep,
 ) -> Paging[ReconciliationClaim, WorkBatchResult]:
-    """Process the collection's due work, batch after batch, while some is pending. What
-    cannot run now (retrying, leased elsewhere) is left to the barrier of the next step."""
-    if not _work_pending(engine, claim):
-        return Paging(PagingEnd.DONE, claim, ())
+    """Process the collection's due work, batch after batch, while some is pending.
 
-    def batch(claim: ReconciliationClaim) -> Page[ReconciliationClaim, WorkBatchResult]:
-        done = process_due_batch(engine, batch_size, collection_id=claim.collection_id)
-        return Page(done, claim, more=done.claimed_count > 0 and _work_pending(engine, claim))
+    Work runs may claim the same collection's due items at the same time (on PostgreSQL
+    concurrent claims skip each other's locked rows), each batch under its own leases. When
+    nothing is left to claim but other claimers still hold live leases on the collection's
+    work, the drain waits for them (`pause`, lease renewed between polls, within the budget)
+    instead of leaving the barrier pending for 30 s. What cannot run now and is held by
+    nobody (retrying later) is left to the barrier of the next step."""
+    with phase("drain"):
+        if not _work_pending(engine, claim):
+            return Paging(PagingEnd.DONE, claim, ())
+        repository = WorkRepository(engine)
 
-    return _walk(engine, claim, batch, budget, lease_seconds, progress)
+        def batch(claim: ReconciliationClaim) -> Page[ReconciliationClaim, WorkBatchResult]:
+            done = process_due_batch(engine, batch_size, collection_id=claim.collection_id)
+            if done.claimed_count > 0:
+                return Page(done, claim, more=_work_pending(engine, claim))
+            if done.inactive or not repository.collection_has_live_leases(claim.collection_id):
+                return Page(done, claim, more=False)
+            pause(OTHER_CLAIMERS_POLL_SECONDS)
+            return Page(done, claim, more=_work_pending(engine, claim))
+
+        return _walk(engine, claim, batch, budget, lease_seconds, progress)
 
 
 def _work_pending(engine: Engine, claim: ReconciliationClaim) -> bool:

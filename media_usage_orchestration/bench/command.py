@@ -1,0 +1,153 @@
+"""`media-usage bench`: how fast a collection is reconciled, captured work is processed, or a
+work sensor ticks over a large work table, each on a fresh database (see `database.py`).
+
+Human lines go to the console: the measurement, its phases (seconds and statements per entry)
+and peak RSS; the last line printed is one JSON object for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.markup import escape
+
+from ..store.engine import redacted_url
+from .database import console, fresh_database, is_postgres_url
+from .measure import BenchResult, Workload, peak_rss_mb, run_reconcile, run_work
+from .report import print_phases, print_result
+from .tick import run_tick
+
+DEFAULT_ENTRIES = 5000
+
+
+def _refuse_bad_combinations(
+    database_url: str | None, mode: str, workload: str, work_path: str, workers: int
+) -> None:
+    if workload == "work" and mode == "dagster" and work_path == "tick":
+        raise click.UsageError("Dagster's work job runs the batch path; use --path batch")
+    if workers == 1:
+        return
+    if not is_postgres_url(database_url):
+        raise click.UsageError(
+            "--workers needs PostgreSQL (SQLite has one writer, so parallel work runs only "
+            "queue behind each other): pass --database-url postgresql+psycopg://..."
+        )
+    if mode == "dagster":
+        raise click.UsageError(
+            "--workers measures the driver's drain beside work-run processes; use --mode driver"
+        )
+    if workload == "tick" or (workload == "work" and work_path == "tick"):
+        raise click.UsageError("--workers drains with the batch path (reconcile or work)")
+
+
+def _measure(
+    database_url: str | None, keep: bool, workload: str, job: Workload, path: str
+) -> BenchResult | dict:
+    with fresh_database(database_url, keep) as url:
+        console.print(f"bench database: [bold]{escape(redacted_url(url))}[/]")
+        measured = Workload(url, job.entries, job.mode, job.workers, job.profile)
+        if workload == "reconcile":
+            return run_reconcile(measured)
+        if workload == "work":
+            return run_work(measured, path)
+        return run_tick(url, job.entries)
+
+
+@click.command("bench")
+@click.option(
+    "--database-url",
+    default=None,
+    help="A PostgreSQL server (a fresh schema is used) or a new SQLite file; "
+    "default: a SQLite file in a temporary directory.",
+)
+@click.option(
+    "--entries",
+    default=DEFAULT_ENTRIES,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Entries to reconcile or work items to process; work rows for --workload tick.",
+)
+@click.option(
+    "--mode", type=click.Choice(["driver", "dagster"]), default="driver", show_default=True
+)
+@click.option(
+    "--workload",
+    type=click.Choice(["reconcile", "work", "tick"]),
+    default="reconcile",
+    show_default=True,
+    help="tick: time the work sensor over --entries generated work rows.",
+)
+@click.option(
+    "--path",
+    "work_path",
+    type=click.Choice(["batch", "tick"]),
+    default="batch",
+    show_default=True,
+    help="Work workload only: the batch processor or EmDash's tick.",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help="PostgreSQL only: processes that drain in parallel (the drain and N-1 work runs); "
+    "also measures one worker and reports the drain's speed-up.",
+)
+@click.option(
+    "--profile",
+    "profile_path",
+    default=None,
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write a cProfile of the measured section to this file and print its top functions.",
+)
+@click.option("--keep", is_flag=True, help="Keep the database (file or schema) afterwards.")
+def bench(
+    database_url: str | None,
+    entries: int,
+    mode: str,
+    workload: str,
+    work_path: str,
+    workers: int,
+    profile_path: str | None,
+    keep: bool,
+) -> None:
+    """Measure reconciliation (or work processing, or a sensor tick) on a fresh database."""
+    _refuse_bad_combinations(database_url, mode, workload, work_path, workers)
+    job = Workload("", entries, mode, workers, profile_path)
+    if workload == "tick":
+        record = _measure(database_url, keep, workload, job, work_path)
+        console.print(
+            f"work sensor over {record['work_rows']:,} rows ({record['dialect']}): probe "
+            f"{record['probe_ms']} ms, tick {record['tick_ms']} ms (max {record['tick_max_ms']})"
+        )
+        record["peak_rss_mb"] = round(peak_rss_mb(), 1)
+        click.echo(json.dumps(record))
+        return
+    baseline = None
+    if workers > 1:
+        console.print("one worker first, for the speed-up")
+        single = Workload("", entries, mode, 1, None)
+        baseline = _measure(database_url, keep, workload, single, work_path)
+        print_phases(baseline)
+    result = _measure(database_url, keep, workload, job, work_path)
+    if baseline is not None:
+        result = with_speedup(result, baseline)
+    print_result(result)
+    click.echo(result.as_json())
+    if not result.verified or (baseline is not None and not baseline.verified):
+        raise SystemExit(1)
+
+
+def with_speedup(result: BenchResult, baseline: BenchResult) -> BenchResult:
+    """`result` carrying the one-worker drain time and the drain's speed-up over it."""
+    single = baseline.phase_seconds.get("drain", 0.0)
+    parallel = result.phase_seconds.get("drain", 0.0)
+    extra = {
+        "baseline_drain_seconds": round(single, 3),
+        "drain_speedup": round(single / parallel, 2) if parallel else None,
+    }
+    return BenchResult(**{**result.__dict__, "extra": {**result.extra, **extra}})
+
+
+__all__ = ["DEFAULT_ENTRIES", "bench", "with_speedup"]

@@ -1,0 +1,341 @@
+"""One measurement: a reconciliation from scratch (driver or Dagster), or captured work
+processed, timed per phase with the statements each phase sent.
+
+`reconcile` fills one collection with N entries before capture is activated, as an existing
+CMS would have them, then times a reconciliation to complete coverage, either with the
+Dagster-free driver (`run_to_completion`) or through real Dagster runs requested by the sensors
+and executed in an instance. `work` times N captured work items (entries written after
+activation) processed by the batch processor or by EmDash's one-job tick. With workers, that
+many processes drain in parallel: the reconciliation's (or this process's) own drain and
+`workers - 1` work runs in other processes, released when the drain begins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import io
+import json
+import pstats
+import resource
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import click
+
+from ..processing.activation import activate
+from ..processing.phases import OTHER, PHASES, PhaseClock, phase, timing
+from ..processing.reconciliation.driver import run_to_completion
+from ..processing.reconciliation.model import ReconciliationOutcome
+from ..processing.work import process_due_batch, process_due_work
+from ..store.cms import Collection
+from ..store.engine import Engine, create_database_engine
+from ..store.statement_counter import counting_statements
+from .database import (
+    COLLECTION_SLUG,
+    console,
+    coverage_is_complete,
+    create_collection,
+    index_is_verified,
+    insert_entries,
+)
+from .workers import WorkerPool
+
+WORK_BATCH_SIZE = 50
+MAX_DRIVER_RUNS = 100
+PROFILE_TOP_FUNCTIONS = 20
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (Linux reports kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    mode: str
+    dialect: str
+    entries: int
+    seconds: float
+    runs: int
+    verified: bool
+    workload: str
+    path: str | None = None
+    workers: int = 1
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    phase_statements: Mapping[str, int] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def statements(self) -> int:
+        return sum(self.phase_statements.values())
+
+    def per_entry(self, count: int) -> float:
+        return round(count / self.entries, 2)
+
+    def record(self) -> dict:
+        record = {
+            "mode": self.mode,
+            "dialect": self.dialect,
+            "entries": self.entries,
+            "seconds": round(self.seconds, 3),
+            "entries_per_second": round(self.entries / self.seconds, 1) if self.seconds else None,
+            "runs": self.runs,
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+            "verified": self.verified,
+            "workers": self.workers,
+            "statements": self.statements,
+            "statements_per_entry": self.per_entry(self.statements),
+            "phases": {
+                name: {
+                    "seconds": round(self.phase_seconds.get(name, 0.0), 3),
+                    "statements": self.phase_statements.get(name, 0),
+                    "statements_per_entry": self.per_entry(self.phase_statements.get(name, 0)),
+                }
+                for name in (*PHASES, OTHER)
+            },
+        }
+        if self.workload == "work":
+            record.update(workload=self.workload, path=self.path)
+        record.update(self.extra)
+        return record
+
+    def as_json(self) -> str:
+        return json.dumps(self.record())
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timed:
+    runs: int
+    phase_seconds: dict[str, float]
+    phase_statements: dict[str, int]
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.phase_seconds.values())
+
+
+def timed(
+    url: str,
+    action: Callable[[], int],
+    *,
+    on_enter: Mapping[str, Callable[[], None]] | None = None,
+    profile: str | None = None,
+) -> Timed:
+    """Run `action` (it returns how many runs it took) with a phase clock installed and every
+    statement to the database at `url` counted by the phase it ran in; with `profile`, under
+    cProfile, written to that file."""
+    clock = PhaseClock(on_enter=on_enter)
+    with counting_statements(url, label=lambda: clock.current) as counts, timing(clock):
+        with _profiled(profile):
+            runs = action()
+        seconds = clock.stop()
+    return Timed(runs, seconds, counts.by_label())
+
+
+@contextlib.contextmanager
+def _profiled(path: str | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        profiler.dump_stats(path)
+        report = io.StringIO()
+        stats = pstats.Stats(profiler, stream=report).sort_stats("cumulative")
+        stats.print_stats(PROFILE_TOP_FUNCTIONS)
+        console.print(f"profile written to {path}; top {PROFILE_TOP_FUNCTIONS} by cumulative time:")
+        console.out(report.getvalue().strip(), highlight=False)
+
+
+@contextlib.contextmanager
+def work_runs(url: str, workers: int) -> Iterator[WorkerPool | None]:
+    """`workers - 1` work-run processes, started and waiting (none for one worker)."""
+    if workers <= 1:
+        yield None
+        return
+    pool = WorkerPool(url, workers - 1, WORK_BATCH_SIZE)
+    try:
+        pool.start()
+        yield pool
+    finally:
+        pool.stop()
+
+
+def _with_work_runs(timing_of: Timed, pool: WorkerPool | None) -> Timed:
+    """The work runs' statements join the drain's (their time is the drain's, by the clock)."""
+    if pool is None:
+        return timing_of
+    reports = pool.join()
+    statements = dict(timing_of.phase_statements)
+    statements["drain"] = statements.get("drain", 0) + sum(each.statements for each in reports)
+    return Timed(timing_of.runs, timing_of.phase_seconds, statements)
+
+
+# --- drivers ------------------------------------------------------------------------------------
+
+
+class DriverMode:
+    """`run_to_completion` until coverage is complete (no Dagster)."""
+
+    def __init__(self, engine: Engine, collection: Collection) -> None:
+        self.engine = engine
+        self.collection = collection
+
+    def reconcile(self) -> int:
+        """Returns how many runs that took."""
+        for runs in range(1, MAX_DRIVER_RUNS + 1):
+            outcome = run_to_completion(self.engine, self.collection.id)
+            if outcome in (ReconciliationOutcome.COMPLETED, ReconciliationOutcome.FAILED):
+                return runs
+            if outcome is ReconciliationOutcome.INACTIVE:
+                break
+        raise click.ClickException(f"reconciliation did not complete (last outcome {outcome})")
+
+    def process_work(self, path: str) -> int:
+        """Drain the due work with the batch processor or EmDash's tick; returns the calls."""
+        calls = 0
+        with phase("drain"):
+            while True:
+                calls += 1
+                if path == "batch":
+                    claimed = process_due_batch(self.engine, WORK_BATCH_SIZE).claimed_count
+                else:
+                    claimed = process_due_work(self.engine).claimed_count
+                if claimed == 0:
+                    return calls
+
+
+@contextlib.contextmanager
+def dagster_lane(url: str) -> Iterator[Callable[[tuple], int]]:
+    """A Dagster instance and the resources runs get, ready before the clock starts; yields
+    what the daemon does: evaluate the given sensors and execute every run they request as a
+    real run in the instance until none is requested (returns how many runs that took)."""
+    import dagster as dg
+
+    from ..local_runner import run_lane
+    from ..resources.automation import MediaUsageAutomation
+    from ..resources.database import MediaUsageDatabase
+
+    resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
+
+    def run(sensors: tuple) -> int:
+        lane = run_lane(instance, resources, sensors=sensors, log_level="WARNING")
+        runs = [run for run in lane if run.job_name != "partitions"]
+        failed = [run for run in runs if not run.success]
+        if failed:
+            raise click.ClickException(f"{len(failed)} of {len(runs)} runs failed ({failed[0]})")
+        return len(runs)
+
+    with dg.instance_for_test() as instance:
+        yield run
+
+
+def lane_sensors(*names: str) -> tuple:
+    from .. import sensors
+
+    return tuple(getattr(sensors, name) for name in names)
+
+
+# --- workloads ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    url: str
+    entries: int
+    mode: str
+    workers: int = 1
+    profile: str | None = None
+
+
+def run_reconcile(workload: Workload) -> BenchResult:
+    engine = create_database_engine(workload.url)
+    try:
+        collection = create_collection(engine)
+        insert_entries(engine, workload.entries)
+        activate(engine)
+        console.print(
+            f"{workload.entries} entries in {COLLECTION_SLUG!r}; capture active; reconciling"
+            + (f" ({workload.workers} workers drain)" if workload.workers > 1 else "")
+        )
+        measured = _measure_reconcile(workload, engine, collection)
+        complete = coverage_is_complete(engine, collection)
+        verified = complete and index_is_verified(engine)
+        return _result(workload, engine, measured, verified, "reconcile")
+    finally:
+        engine.dispose()
+
+
+def _measure_reconcile(workload: Workload, engine: Engine, collection: Collection) -> Timed:
+    if workload.mode == "dagster":
+        sensors = lane_sensors("media_usage_reconciliation_sensor", "media_usage_work_sensor")
+        with dagster_lane(workload.url) as lane:
+            return timed(workload.url, lambda: lane(sensors), profile=workload.profile)
+    with work_runs(workload.url, workload.workers) as pool:
+        measured = timed(
+            workload.url,
+            DriverMode(engine, collection).reconcile,
+            on_enter={"drain": pool.release} if pool else None,
+            profile=workload.profile,
+        )
+        return _with_work_runs(measured, pool)
+
+
+def run_work(workload: Workload, path: str) -> BenchResult:
+    engine = create_database_engine(workload.url)
+    try:
+        create_collection(engine)
+        activate(engine)
+        insert_entries(engine, workload.entries)
+        console.print(
+            f"{workload.entries} captured work items in {COLLECTION_SLUG!r}; processing ({path})"
+        )
+        if workload.mode == "dagster":
+            sensors = lane_sensors("media_usage_work_sensor")
+            with dagster_lane(workload.url) as lane:
+                measured = timed(workload.url, lambda: lane(sensors), profile=workload.profile)
+        else:
+            driver = DriverMode(engine, None)
+            with work_runs(workload.url, workload.workers) as pool:
+                measured = timed(
+                    workload.url,
+                    lambda: driver.process_work(path),
+                    on_enter={"drain": pool.release} if pool else None,
+                    profile=workload.profile,
+                )
+                measured = _with_work_runs(measured, pool)
+        verified = index_is_verified(engine)
+        return _result(workload, engine, measured, verified, "work", path)
+    finally:
+        engine.dispose()
+
+
+def _result(
+    workload: Workload,
+    engine: Engine,
+    measured: Timed,
+    verified: bool,
+    kind: str,
+    path: str | None = None,
+) -> BenchResult:
+    return BenchResult(
+        mode=workload.mode,
+        dialect=engine.dialect.name,
+        entries=workload.entries,
+        seconds=measured.seconds,
+        runs=measured.runs,
+        verified=verified,
+        workload=kind,
+        path=path,
+        workers=workload.workers,
+        phase_seconds=measured.phase_seconds,
+        phase_statements=measured.phase_statements,
+    )

@@ -1,0 +1,217 @@
+"""`make bench`: every measurement the acceptance numbers need, each in its own process (so
+peak RSS is that measurement's), then one summary table and the targets, met or not.
+
+    python -m media_usage_orchestration.bench.suite --entries 5000 --postgres-url URL
+
+Measurements: the four reconciliation combinations (SQLite/PostgreSQL x driver/Dagster) at N
+entries; 10 N entries with the driver on SQLite (and PostgreSQL unless
+`--no-large-postgres`); the drain with 2 workers on PostgreSQL against one; the work sensor's
+tick over `--tick-rows` generated work rows on both dialects.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..processing.phases import OTHER, PHASES
+from .database import console
+
+# Wide enough for the summary table whatever the terminal (or pipe) says.
+SUMMARY_WIDTH = 160
+TARGETS = {
+    "sqlite_dagster_rate": 2000.0,
+    "postgresql_dagster_rate": 1000.0,
+    "dagster_over_driver": 1.10,
+    "tenfold_time_ratio": 11.0,
+    "peak_rss_mb": 300.0,
+    "tick_ms": 50.0,
+    "drain_speedup": 1.7,
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    arguments: tuple[str, ...]
+    record: dict = field(default_factory=dict)
+    failed: str | None = None
+
+
+def bench_command(arguments: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "media_usage_orchestration.cli", "bench", *arguments]
+
+
+def run_measurement(name: str, arguments: Sequence[str]) -> Measurement:
+    """One `media-usage bench` process; its output passes through, its last line is the
+    record."""
+    console.rule(f"[bold]{name}")
+    process = subprocess.Popen(
+        bench_command(arguments), stdout=subprocess.PIPE, text=True, encoding="utf-8"
+    )
+    last = ""
+    for line in process.stdout:
+        sys.stdout.write(line)
+        if line.strip():
+            last = line.strip()
+    code = process.wait()
+    try:
+        record = json.loads(last)
+    except json.JSONDecodeError:
+        return Measurement(name, tuple(arguments), failed=f"exit {code}, no record")
+    if code != 0:
+        return Measurement(name, tuple(arguments), record, failed=f"exit {code}")
+    return Measurement(name, tuple(arguments), record)
+
+
+def plan(
+    entries: int, postgres_url: str, tick_rows: int, large_postgres: bool
+) -> list[tuple[str, list[str]]]:
+    postgres = ["--database-url", postgres_url]
+    large = str(entries * 10)
+    measurements = [
+        ("sqlite driver", ["--entries", str(entries), "--mode", "driver"]),
+        ("sqlite dagster", ["--entries", str(entries), "--mode", "dagster"]),
+        ("postgresql driver", ["--entries", str(entries), "--mode", "driver", *postgres]),
+        ("postgresql dagster", ["--entries", str(entries), "--mode", "dagster", *postgres]),
+        ("sqlite driver 10x", ["--entries", large, "--mode", "driver"]),
+    ]
+    if large_postgres:
+        measurements.append(("postgresql driver 10x", ["--entries", large, *postgres]))
+    measurements += [
+        ("postgresql 2 workers", ["--entries", str(entries), "--workers", "2", *postgres]),
+        ("sqlite tick", ["--workload", "tick", "--entries", str(tick_rows)]),
+        ("postgresql tick", ["--workload", "tick", "--entries", str(tick_rows), *postgres]),
+    ]
+    return measurements
+
+
+# --- the summary --------------------------------------------------------------------------------
+
+
+def summary_table(measurements: Sequence[Measurement]) -> Table:
+    table = Table(title="media-usage bench", show_lines=False)
+    for column in ("measurement", "entries", "s", "entries/s", *PHASES, OTHER, "stmts/entry"):
+        table.add_column(column, justify="left" if column == "measurement" else "right")
+    table.add_column("peak RSS MB", justify="right")
+    table.add_column("verified", justify="center")
+    for each in measurements:
+        record = each.record
+        if each.failed and not record:
+            table.add_row(each.name, *["-"] * 11, each.failed)
+            continue
+        if record.get("workload") == "tick":
+            continue
+        phases = record.get("phases", {})
+        table.add_row(
+            each.name,
+            f"{record['entries']:,}",
+            f"{record['seconds']:.2f}",
+            f"{record['entries_per_second']:,.0f}",
+            *(f"{phases.get(name, {}).get('seconds', 0.0):.2f}" for name in (*PHASES, OTHER)),
+            f"{record['statements_per_entry']:.2f}",
+            f"{record['peak_rss_mb']:.0f}",
+            "yes" if record.get("verified") and not each.failed else f"NO {each.failed or ''}",
+        )
+    return table
+
+
+def _by_name(measurements: Sequence[Measurement]) -> dict[str, dict]:
+    return {each.name: each.record for each in measurements if each.record}
+
+
+def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | None, str, bool]]:
+    """(what, value, target, met) for every acceptance number the run measured."""
+    records = _by_name(measurements)
+    found = []
+
+    def add(what: str, value: float | None, target: str, met: bool) -> None:
+        found.append((what, value, target, met))
+
+    for dialect, name in (
+        ("sqlite", "sqlite_dagster_rate"),
+        ("postgresql", "postgresql_dagster_rate"),
+    ):
+        dagster, driver = records.get(f"{dialect} dagster"), records.get(f"{dialect} driver")
+        if dagster:
+            rate = dagster["entries_per_second"]
+            add(
+                f"{dialect} Dagster entries/s",
+                rate,
+                f">= {TARGETS[name]:,.0f}",
+                rate >= TARGETS[name],
+            )
+        if dagster and driver:
+            ratio = round(dagster["seconds"] / driver["seconds"], 2)
+            limit = TARGETS["dagster_over_driver"]
+            add(f"{dialect} Dagster/driver time", ratio, f"<= {limit}", ratio <= limit)
+        large = records.get(f"{dialect} driver 10x")
+        if large and driver:
+            ratio = round(large["seconds"] / driver["seconds"], 2)
+            limit = TARGETS["tenfold_time_ratio"]
+            add(f"{dialect} 10x entries time ratio", ratio, f"<= {limit}", ratio <= limit)
+        tick = records.get(f"{dialect} tick")
+        if tick:
+            limit = TARGETS["tick_ms"]
+            rows = f"{tick['work_rows']:,} rows"
+            add(
+                f"{dialect} work sensor tick ms ({rows})",
+                tick["tick_ms"],
+                f"<= {limit}",
+                tick["tick_ms"] <= limit,
+            )
+            add(
+                f"{dialect} work sensor probe ms ({rows})",
+                tick["probe_ms"],
+                f"<= {limit}",
+                tick["probe_ms"] <= limit,
+            )
+    peaks = [record["peak_rss_mb"] for record in records.values() if "peak_rss_mb" in record]
+    if peaks:
+        limit = TARGETS["peak_rss_mb"]
+        add("peak RSS MB (largest)", max(peaks), f"<= {limit:.0f}", max(peaks) <= limit)
+    workers = records.get("postgresql 2 workers")
+    if workers and workers.get("drain_speedup") is not None:
+        limit = TARGETS["drain_speedup"]
+        speedup = workers["drain_speedup"]
+        add("postgresql drain, 2 workers over 1", speedup, f">= {limit}", speedup >= limit)
+    return found
+
+
+def print_summary(measurements: Sequence[Measurement]) -> None:
+    wide = Console(width=SUMMARY_WIDTH, soft_wrap=True)
+    wide.rule("[bold]summary")
+    wide.print(summary_table(measurements))
+    for what, value, target, met in findings(measurements):
+        mark = "[green]met[/]" if met else "[red]NOT met[/]"
+        wide.print(f"  {what:<48} {value!s:>10}  target {target:<9} {mark}")
+    for each in measurements:
+        if each.failed:
+            wide.print(f"  [red]{each.name} failed: {each.failed}[/]")
+
+
+@click.command()
+@click.option("--entries", default=5000, show_default=True, type=click.IntRange(1))
+@click.option("--postgres-url", required=True, help="The PostgreSQL server (fresh schemas).")
+@click.option("--tick-rows", default=1_000_000, show_default=True, type=click.IntRange(1))
+@click.option("--large-postgres/--no-large-postgres", default=True, show_default=True)
+def main(entries: int, postgres_url: str, tick_rows: int, large_postgres: bool) -> None:
+    """Run every bench measurement in its own process and print one summary."""
+    measurements = [
+        run_measurement(name, arguments)
+        for name, arguments in plan(entries, postgres_url, tick_rows, large_postgres)
+    ]
+    print_summary(measurements)
+    if any(each.failed for each in measurements):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,83 @@
+"""How long the work sensor takes with a large work table: N generated work rows (one
+`INSERT ... SELECT`), then the sensor's probe alone and whole sensor evaluations, timed.
+
+The probe (`earliest_due_work`) is the sensor's only query on the work table; the evaluation
+adds the schema check and the instance's run queries. Both must stay well under Dagster's
+evaluation timeout however large the backlog is: the acceptance bound is 50 ms a tick.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+from ..processing.activation import activate
+from ..store.engine import create_database_engine
+from ..store.generated_work import insert_generated_work
+from ..store.probes import earliest_due_work
+from .database import console, create_collection
+
+PROBES = 20
+EVALUATIONS = 5
+TICK_BOUND_MS = 50.0
+
+
+def _milliseconds(action: Callable[[], object], repeat: int) -> list[float]:
+    timings = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        action()
+        timings.append((time.perf_counter() - started) * 1000)
+    return timings
+
+
+def _sensor_evaluation(url: str) -> Callable[[], object]:
+    import dagster as dg
+
+    from ..definitions import defs
+    from ..resources.automation import MediaUsageAutomation
+    from ..resources.database import MediaUsageDatabase
+    from ..sensors import media_usage_work_sensor
+
+    resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
+    instance = dg.DagsterInstance.ephemeral()
+
+    def evaluate() -> object:
+        with dg.build_sensor_context(
+            instance=instance, resources=resources, definitions=defs
+        ) as context:
+            data = media_usage_work_sensor.evaluate_tick(context)
+        if not data.run_requests:
+            raise RuntimeError(f"the work sensor requested no run ({data.skip_message})")
+        return data
+
+    return evaluate
+
+
+def run_tick(url: str, rows: int) -> dict:
+    """Fill the work table with `rows` rows and time the probe and the sensor's evaluation."""
+    engine = create_database_engine(url)
+    try:
+        collection = create_collection(engine)
+        activate(engine)
+        started = time.perf_counter()
+        insert_generated_work(engine, collection.id, collection.slug, rows)
+        console.print(f"{rows:,} work rows in {time.perf_counter() - started:.1f} s; timing ticks")
+        probe = _milliseconds(lambda: earliest_due_work(engine), PROBES)
+        evaluate = _sensor_evaluation(url)
+        evaluate()  # the first evaluation loads the definitions' resources
+        ticks = _milliseconds(evaluate, EVALUATIONS)
+        dialect = engine.dialect.name
+    finally:
+        engine.dispose()
+    return {
+        "workload": "tick",
+        "dialect": dialect,
+        "work_rows": rows,
+        "probe_ms": round(statistics.median(probe), 2),
+        "probe_max_ms": round(max(probe), 2),
+        "tick_ms": round(statistics.median(ticks), 2),
+        "tick_max_ms": round(max(ticks), 2),
+        "tick_bound_ms": TICK_BOUND_MS,
+    }
