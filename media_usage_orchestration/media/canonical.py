@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
+from json.encoder import c_make_encoder
+from json.encoder import encode_basestring as _c_encode_basestring
 from typing import Any
 
 # Integers at or beyond 2**53 are not exact in a JS number; they print as the nearest double.
@@ -48,6 +51,12 @@ def canonical_json(value: Any) -> str:
     non-finite numbers become `null`, as `canonicalize` does before `JSON.stringify`.
     """
     return _dump(value)
+
+
+def reference_canonical_json(value: Any) -> str:
+    """`canonical_json` without the C-encoded fast path: every byte spelled out here. The
+    fast path must agree with it on every value (the differential tests hold them equal)."""
+    return _dump(value, fast=False)
 
 
 def sha256_hex(text: str) -> str:
@@ -85,12 +94,12 @@ _JS_WHITESPACE = (
 )
 
 
-def _dump(value: Any) -> str:
+def _dump(value: Any, fast: bool = True) -> str:
     kind = type(value)
     if kind is str:
-        return _js_string(value)
+        return _js_string(value) if fast else _reference_js_string(value)
     if kind is dict:
-        return _dump_object(value)
+        return _dump_object(value, fast)
     if kind is CanonicalText:
         return value
     if value is None:
@@ -100,35 +109,114 @@ def _dump(value: Any) -> str:
     if value is False:
         return "false"
     if isinstance(value, str):
-        return _js_string(value)
+        return _js_string(value) if fast else _reference_js_string(value)
     if isinstance(value, int | float):
         return js_number(value)
     if isinstance(value, Mapping):
-        return _dump_object(value)
+        return _dump_object(value, fast)
     if isinstance(value, list | tuple):
-        return "[" + ",".join([_dump(item) for item in value]) + "]"
+        if fast:
+            text = _flat_array_text(value)
+            if text is not None:
+                return text
+        return "[" + ",".join([_dump(item, fast) for item in value]) + "]"
     raise TypeError(f"Cannot canonicalize {type(value).__name__}")
 
 
-def _dump_object(value: Mapping) -> str:
+def _dump_object(value: Mapping, fast: bool = True) -> str:
+    if fast:
+        text = _flat_object_text(value)
+        if text is not None:
+            return text
     members = []
     for key, prefix in _member_prefixes(tuple(value)):
         item = value[key]
         # Fingerprint payloads are mostly flat text and nulls: spare those a call.
         if type(item) is str:
-            members.append(prefix + _js_string(item))
+            members.append(prefix + (_js_string(item) if fast else _reference_js_string(item)))
         elif item is None:
             members.append(prefix + "null")
         else:
-            members.append(prefix + _dump(item))
+            members.append(prefix + _dump(item, fast))
     return "{" + ",".join(members) + "}"
+
+
+# --- the C-encoded fast path ------------------------------------------------------------------
+#
+# Python's C encoder with these settings writes exactly EmDash's bytes for one subset: exact
+# `str` (neither a subclass, whose text may be `CanonicalText`, nor one holding a surrogate code
+# point, which JS escapes or joins), `None`, `bool` and exact `int` within +-(2**53 - 1) (larger
+# ones print as the nearest double in JS), in arrays and in objects whose keys are already in
+# output order. Floats are left out: `repr` and `Number.prototype.toString` disagree (`1.0`,
+# `1e-07`). A flat object or array of such scalars is encoded in one C call; anything else goes
+# the spelled-out way.
+_PLAIN_TYPES = frozenset({str, bool, type(None), int})
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"Cannot canonicalize {type(value).__name__}")
+
+
+if c_make_encoder is not None:  # CPython's `_json`: one C call per value, no per-call set-up
+    _C_ITEMS = c_make_encoder(
+        None, _refuse, _c_encode_basestring, None, ":", ",", False, False, False
+    )
+
+    def _c_encode(value: Any) -> str:
+        return "".join(_C_ITEMS(value, 0))
+
+else:  # pragma: no cover - an interpreter without `_json`
+    _c_encode = json.JSONEncoder(
+        ensure_ascii=False, separators=(",", ":"), check_circular=False, allow_nan=False
+    ).encode
+
+
+@functools.lru_cache(maxsize=1024)
+def _output_order(keys: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(key for key, _ in _member_prefixes(keys))
+
+
+def _plain(items: Iterable[Any]) -> bool:
+    """Only exact `str`, `bool`, `None` and safe `int` (the types checked in C)."""
+    types = set(map(type, items))
+    if not types <= _PLAIN_TYPES:
+        return False
+    return int not in types or all(
+        -_MAX_SAFE_INTEGER <= item <= _MAX_SAFE_INTEGER for item in items if type(item) is int
+    )
+
+
+def _flat_object_text(value: Mapping) -> str | None:
+    keys = tuple(value)
+    ordered = _output_order(keys)
+    # A payload built in output order (as the fingerprint payloads are) is encoded as it is.
+    if ordered == keys and type(value) is dict:
+        candidate = value
+    else:
+        candidate = {key: value[key] for key in ordered}
+    if not _plain(candidate.values()):
+        return None
+    return _without_surrogates(_c_encode(candidate))
+
+
+def _flat_array_text(value: list | tuple) -> str | None:
+    if not _plain(value):
+        return None
+    return _without_surrogates(_c_encode(value))
+
+
+def _without_surrogates(text: str) -> str | None:
+    """The C text, unless a key or value held a surrogate code point (then None)."""
+    if text.isascii() or _LONE_SURROGATE_RE.search(text) is None:
+        return text
+    return None
 
 
 @functools.lru_cache(maxsize=1024)
 def _member_prefixes(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """Each key with its `"key":` text, in output order. The order depends only on the keys,
     and fingerprint payloads repeat a few key sets, so both are computed once per key set."""
-    return tuple((key, _js_string(key) + ":") for key in _object_key_order(keys))
+    return tuple((key, _reference_js_string(key) + ":") for key in _object_key_order(keys))
 
 
 def _object_key_order(keys: tuple) -> list[str]:
@@ -181,6 +269,13 @@ def _format_positive(number: float) -> str:
 
 
 def _js_string(text: str) -> str:
+    if text.isascii():
+        # ASCII has no surrogates: the C escaper writes what `JSON.stringify` does.
+        return _c_encode_basestring(text)
+    return _reference_js_string(text)
+
+
+def _reference_js_string(text: str) -> str:
     if _ESCAPED_RE.search(text) is None:
         return f'"{text}"'
     return f'"{_ESCAPED_RE.sub(_escape, _join_surrogate_pairs(text))}"'

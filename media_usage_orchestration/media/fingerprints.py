@@ -56,11 +56,11 @@ def projection_fingerprint(
     if not collection_id:
         raise ValueError("Media usage projection fingerprints require a collection identity")
     payload = {
-        "fingerprintVersion": FINGERPRINT_VERSION,
         "collectionId": collection_id,
         "extractionSchema": _extraction_schema_text(discovery.extraction_fields),
-        "source": _source_payload(source, source_completeness),
+        "fingerprintVersion": FINGERPRINT_VERSION,
         "occurrences": _sorted_occurrence_texts(occurrences),
+        "source": CanonicalText(canonical_json(_source_payload(source, source_completeness))),
     }
     return _fingerprint(PROJECTION_FINGERPRINT_PREFIX, payload)
 
@@ -79,22 +79,23 @@ def extraction_schema(fields: Sequence[ExtractionField]) -> list[dict[str, Any]]
 
 
 def _source_payload(source: ContentSource, source_completeness: str) -> dict[str, Any]:
+    # Keys in output order (code units), so the payload is encoded as built.
     return {
-        "sourceKey": source.source_key,
-        "sourceType": source.source_type,
         "collectionSlug": source.collection_slug,
-        "contentId": source.content_id,
-        "sourceVariant": source.source_variant,
-        "locale": source.locale,
-        "translationGroup": source.translation_group,
-        "contentSlug": source.content_slug,
-        "contentTitle": source.content_title,
-        "contentStatus": source.content_status,
-        "contentScheduledAt": source.content_scheduled_at,
         "contentDeletedAt": source.content_deleted_at,
+        "contentId": source.content_id,
+        "contentScheduledAt": source.content_scheduled_at,
+        "contentSlug": source.content_slug,
+        "contentStatus": source.content_status,
+        "contentTitle": source.content_title,
+        "locale": source.locale,
         "revisionId": source.revision_id,
         "schemaVersion": 1 if source.schema_version is None else source.schema_version,
         "sourceCompleteness": source_completeness,
+        "sourceKey": source.source_key,
+        "sourceType": source.source_type,
+        "sourceVariant": source.source_variant,
+        "translationGroup": source.translation_group,
     }
 
 
@@ -113,16 +114,17 @@ def _sorted_occurrence_texts(occurrences: Iterable[MediaOccurrence]) -> list[Can
 
 
 def _occurrence_payload(occurrence: MediaOccurrence) -> dict[str, Any]:
+    # Keys in output order (code units), so the payload is encoded as built.
     return {
-        "fieldSlug": occurrence.field_slug,
         "fieldPath": occurrence.field_path,
-        "occurrenceIndex": occurrence.occurrence_index or 0,
-        "referenceType": occurrence.reference_type,
+        "fieldSlug": occurrence.field_slug,
         "mediaId": occurrence.media_id,
-        "provider": occurrence.provider,
-        "providerAssetId": occurrence.provider_asset_id,
         "mediaKind": occurrence.media_kind,
         "mimeType": occurrence.mime_type,
+        "occurrenceIndex": occurrence.occurrence_index or 0,
+        "provider": occurrence.provider,
+        "providerAssetId": occurrence.provider_asset_id,
+        "referenceType": occurrence.reference_type,
     }
 
 

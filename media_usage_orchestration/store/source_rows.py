@@ -5,9 +5,13 @@ and write are values of `source_records`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection, LargeBinary, cast, column, func, select, table
+from sqlalchemy import Connection, Dialect, LargeBinary, cast, column, func, select, table
+from sqlalchemy.sql import ClauseElement
 
 from .engine import is_postgres
 from .identifiers import content_table_name
@@ -63,4 +67,70 @@ def sources_by_key(connection: Connection, source_keys: Sequence[str]) -> dict[s
     return {row.source_key: SourceRow.from_mapping(row._mapping) for row in rows}
 
 
-__all__ = ["content_table", "lock_cleanup", "occurrence_bytes", "sources_by_key"]
+# --- one statement, many rows -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ManyRows:
+    """A statement compiled once for `executemany`: its SQL, and for each parameter either a
+    row key or the value the statement itself binds (a literal it compares with)."""
+
+    sql: str
+    positional: bool
+    slots: tuple[tuple[bool, Any], ...]  # (from the row?, row key or fixed value)
+    fixed: Mapping[str, Any]
+
+    def parameters(self, rows: Sequence[Mapping[str, Any]]) -> list:
+        if self.positional:
+            slots = self.slots
+            return [tuple([row[key] if own else key for own, key in slots]) for row in rows]
+        return [{**self.fixed, **row} for row in rows]
+
+
+@functools.lru_cache(maxsize=128)
+def _many_rows(
+    dialect: Dialect, statement: ClauseElement, column_keys: tuple[str, ...] | None
+) -> _ManyRows:
+    compiled = statement.compile(
+        dialect=dialect, column_keys=list(column_keys) if column_keys is not None else None
+    )
+    if compiled.literal_execute_params or compiled.post_compile_params:
+        raise ValueError("A statement run for many rows cannot expand parameters")
+    if any(compiled._bind_processors.values()):
+        raise ValueError("A statement run for many rows must bind its values as they are")
+    values = compiled.construct_params(_check=False)
+    required = {bind.key for bind in compiled.binds.values() if bind.required}
+    if column_keys is not None:
+        required |= set(column_keys)
+    fixed = {name: value for name, value in values.items() if name not in required}
+    names = compiled.positiontup or ()
+    slots = tuple((name in required, name if name in required else fixed[name]) for name in names)
+    return _ManyRows(compiled.string, bool(compiled.positional), slots, fixed)
+
+
+def execute_many(
+    connection: Connection,
+    statement: ClauseElement,
+    rows: Sequence[Mapping[str, Any]],
+    column_keys: tuple[str, ...] | None = None,
+) -> None:
+    """`statement` once per row in one driver `executemany`, every row keyed by the
+    statement's unvalued parameters (or, for a plain INSERT, by `column_keys`).
+
+    `connection.execute(statement, rows)` would run each row through SQLAlchemy's parameter
+    processing, which for a page's occurrences costs more than the driver's insert; the
+    statement is compiled once per dialect instead and its rows handed to the driver as they
+    are. Each row's statement is still the whole statement, its guards included."""
+    if not rows:
+        return
+    many = _many_rows(connection.dialect, statement, column_keys)
+    connection.exec_driver_sql(many.sql, many.parameters(rows))
+
+
+__all__ = [
+    "content_table",
+    "execute_many",
+    "lock_cleanup",
+    "occurrence_bytes",
+    "sources_by_key",
+]
