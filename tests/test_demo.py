@@ -93,7 +93,7 @@ def _assert_demo_outcome(db, home, code: int, output: str) -> None:
             found = instance.get_runs(filters=dg.RunsFilter(job_name=job_name))
             assert {run.run_id for run in found} == {run.run_id for run in job_runs}
     assert (home / LOCAL_INSTANCE_MARKER).exists()
-    assert "Demo phases" in output and "code location" in output
+    assert "Demo phases" in output and "code server" in output
 
 
 def _assert_make_dev_sees_the_demo(db, home, monkeypatch) -> None:
