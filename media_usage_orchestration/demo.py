@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,17 +278,31 @@ def _run_jobs(
     return runs
 
 
-def _drive_the_lanes(engine, runner, record, progress, phases, runs, collections) -> None:
+def _drive_the_lanes(
+    engine: Engine,
+    runner: Any,
+    record: Callable[[Any], None],
+    progress: Progress,
+    phases: DemoPhases,
+    runs: list[Any],
+    collections: Sequence[DemoCollection],
+) -> None:
+    """Activation, coverage, the edit wave and the deletion; `record` hears of every run as it
+    ends and appends it to `runs`."""
     coverage = progress.add_task("coverage complete", total=len(collections))
 
-    def show_coverage(run: Any = None) -> None:
+    def show_coverage() -> None:
         complete = len(collections) - len(_incomplete_collections(engine))
         progress.update(coverage, completed=complete)
+
+    def show_coverage_run(run: Any) -> None:
+        record(run)
+        show_coverage()
 
     with phases.measure("activation", runs):
         record(runner.launch("media_usage_activation"))
     with phases.measure("coverage (sensor ticks)", runs):
-        runner.run_lane(lambda run: (record(run), show_coverage()))
+        runner.run_lane(show_coverage_run)
     show_coverage()
 
     with phases.measure("edit wave", runs):
