@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,13 +76,21 @@ def run_demo(
     phases = DemoPhases()
     _refuse_an_instance_in_use(dagster_home)
     _refuse_a_foreign_instance(dagster_home)
-    with phases.measure("database and content"):
+    with phases.measure("database"):
         engine = _prepare_database(url, console)
-        _write_content(engine, collections)
-    console.print(f"Demo database: [bold]{escape(redacted_url(engine.url))}[/]")
-    console.print(content_table(engine))
-    with _demo_instance(dagster_home, console) as instance:
-        runs = _run_jobs(url, engine, instance, console, collections, phases)
+    from .instance_runner import instance_runner_in_background
+
+    with (
+        _demo_instance(dagster_home, console) as instance,
+        instance_runner_in_background(instance, url) as started_runner,
+    ):
+        with phases.measure("content (the code server starting meanwhile)"):
+            _write_content(engine, collections)
+        console.print(f"Demo database: [bold]{escape(redacted_url(engine.url))}[/]")
+        console.print(content_table(engine))
+        with phases.measure("code server (rest of its start)"):
+            runner = started_runner()
+        runs = _run_jobs(engine, runner, console, collections, phases)
     console.print(runs_table(runs))
     console.print(status_table(engine))
     with phases.measure("verify"):
@@ -246,16 +254,15 @@ def _refuse_a_foreign_instance(dagster_home: Path) -> None:
 
 
 def _run_jobs(
-    url: str,
     engine: Engine,
-    instance: Any,
+    runner: Any,
     console: Console,
     collections: Sequence[DemoCollection],
     phases: DemoPhases,
 ) -> list[Any]:
     import dagster as dg
 
-    from .instance_runner import instance_runner, quiet_run_logs, run_outcome
+    from .instance_runner import quiet_run_logs, run_outcome
     from .local_runner import LaneRun
 
     runs: list[LaneRun] = []
@@ -263,28 +270,39 @@ def _run_jobs(
     def record(run: Any) -> None:
         partition = run.tags.get("dagster/partition")
         success = run.status == dg.DagsterRunStatus.SUCCESS
-        runs.append(LaneRun(run.job_name, partition, success, run_outcome(instance, run)))
+        runs.append(LaneRun(run.job_name, partition, success, run_outcome(runner.instance, run)))
         _print_run(console, runs[-1])
 
-    with _progress(console) as progress:
-        loading = time.monotonic()
-        with instance_runner(instance, url) as runner, quiet_run_logs():
-            phases.add("code location", time.monotonic() - loading)
-            _drive_the_lanes(engine, runner, record, progress, phases, runs, collections)
+    with _progress(console) as progress, quiet_run_logs():
+        _drive_the_lanes(engine, runner, record, progress, phases, runs, collections)
     return runs
 
 
-def _drive_the_lanes(engine, runner, record, progress, phases, runs, collections) -> None:
+def _drive_the_lanes(
+    engine: Engine,
+    runner: Any,
+    record: Callable[[Any], None],
+    progress: Progress,
+    phases: DemoPhases,
+    runs: list[Any],
+    collections: Sequence[DemoCollection],
+) -> None:
+    """Activation, coverage, the edit wave and the deletion; `record` hears of every run as it
+    ends and appends it to `runs`."""
     coverage = progress.add_task("coverage complete", total=len(collections))
 
-    def show_coverage(run: Any = None) -> None:
+    def show_coverage() -> None:
         complete = len(collections) - len(_incomplete_collections(engine))
         progress.update(coverage, completed=complete)
+
+    def show_coverage_run(run: Any) -> None:
+        record(run)
+        show_coverage()
 
     with phases.measure("activation", runs):
         record(runner.launch("media_usage_activation"))
     with phases.measure("coverage (sensor ticks)", runs):
-        runner.run_lane(lambda run: (record(run), show_coverage()))
+        runner.run_lane(show_coverage_run)
     show_coverage()
 
     with phases.measure("edit wave", runs):

@@ -21,7 +21,8 @@ import sys
 import time
 import unittest.mock
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, redirect_stderr
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager, redirect_stderr
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +257,20 @@ def instance_runner(
             error = entry.load_error if entry is not None else None
             raise RuntimeError(f"The code location {LOCATION_NAME} did not load: {error}")
         yield InstanceRunner(instance, ws)
+
+
+@contextmanager
+def instance_runner_in_background(
+    instance: dg.DagsterInstance, database_url: str, workspace_file: Path = PROJECT_WORKSPACE
+) -> Iterator[Callable[[], InstanceRunner]]:
+    """`instance_runner`, its code server started in a thread while the caller goes on (the
+    server takes seconds to import the definitions); the yielded function waits for it. The
+    database must exist before the first sensor tick, not before the server starts."""
+    with ExitStack() as stack, ThreadPoolExecutor(max_workers=1) as pool:
+        started = pool.submit(
+            stack.enter_context, instance_runner(instance, database_url, workspace_file)
+        )
+        try:
+            yield started.result
+        finally:
+            started.exception()  # the stack must hold the runner before it closes

@@ -23,6 +23,7 @@ from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.engine import sqlite_database_file
 from media_usage_orchestration.store.schema import missing_tables
 from tests.cli.cli_support import EXIT_PROBLEM, invoke
+from tests.dagster.reconciliation_support import PROJECT_ROOT
 from tests.demo_support import directory_snapshot, exited_pid, process_named_dev
 from tests.support import IMAGE_ONLY, snapshot
 
@@ -112,3 +113,10 @@ def test_stale_signs_of_make_dev_leave_the_instance_free(tmp_path):
     with process_named_dev() as pid:
         (home / DEV_PID_FILE).write_text(f"{pid}\n")
         assert live_dev_pid(home) == pid
+
+
+def test_make_dev_writes_the_pid_file_the_demo_reads():
+    """The recipe execs `dg dev` after writing its shell's pid, so the file holds dg's pid."""
+    recipe = (PROJECT_ROOT / "Makefile").read_text().split("\ndev:", 1)[1].split("\n\n", 1)[0]
+    assert f'echo $$$$ > "$$DAGSTER_HOME/{DEV_PID_FILE}"' in recipe
+    assert "exec dg dev " in recipe
