@@ -20,6 +20,7 @@ import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
+from dagster._core.execution.context.invocation import BaseDirectExecutionContext
 
 from ..partitions import media_usage_collections
 from ..processing.run_loop import WorkDrain
@@ -68,7 +69,10 @@ def record_coverage(
     context.log_event(
         dg.AssetMaterialization(asset_key=MEDIA_USAGE_INDEX, partition=slug, metadata=metadata)
     )
-    context.log_event(coverage_check_evaluation(coverage, _stored_materialization(context, slug)))
+    # An op invoked directly (outside any run) stores nothing and cannot log a check evaluation.
+    if not isinstance(context, BaseDirectExecutionContext):
+        target = _stored_materialization(context, slug)
+        context.log_event(coverage_check_evaluation(coverage, target))
     return coverage
 
 
