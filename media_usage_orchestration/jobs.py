@@ -168,6 +168,7 @@ retry_media_usage_reconciliation_job = _operator_job(
 media_usage_coverage_check = dg.define_asset_job(
     "media_usage_coverage_check",
     selection=dg.AssetSelection.checks(coverage_complete),
+    tags={"media_usage/workflow": "coverage_check"},
     description="Evaluate the coverage_complete check of one collection now, from the database: "
     "launch with the tag dagster/partition set to its slug. The runs that change a collection "
     "evaluate it on their own.",

@@ -17,6 +17,10 @@ from collections.abc import Mapping
 from datetime import datetime
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.execution.context.invocation import BaseDirectExecutionContext
 
 from ..partitions import media_usage_collections
 from ..processing.run_loop import WorkDrain
@@ -65,8 +69,29 @@ def record_coverage(
     context.log_event(
         dg.AssetMaterialization(asset_key=MEDIA_USAGE_INDEX, partition=slug, metadata=metadata)
     )
-    context.log_event(coverage_check_evaluation(coverage))
+    # An op invoked directly (outside any run) stores nothing and cannot log a check evaluation.
+    if not isinstance(context, BaseDirectExecutionContext):
+        target = _stored_materialization(context, slug)
+        context.log_event(coverage_check_evaluation(coverage, target))
     return coverage
+
+
+def _stored_materialization(
+    context: dg.OpExecutionContext, slug: str
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The materialization just logged (the instance stores it as it is logged). The check
+    evaluation names it as its target: Dagster counts a partition's check result only while it
+    targets the partition's latest materialization, else the partition shows as not evaluated."""
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=MEDIA_USAGE_INDEX, asset_partitions=[slug]), limit=1
+    ).records
+    if not records or records[0].run_id != context.run_id:
+        return None
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=records[0].storage_id,
+        run_id=records[0].run_id,
+        timestamp=records[0].timestamp,
+    )
 
 
 def record_failed_coverage(
@@ -171,7 +196,10 @@ def coverage_verdict(coverage: CollectionCoverage) -> str:
     return "; ".join(problems)
 
 
-def coverage_check_evaluation(coverage: CollectionCoverage) -> dg.AssetCheckEvaluation:
+def coverage_check_evaluation(
+    coverage: CollectionCoverage,
+    target: AssetCheckEvaluationTargetMaterializationData | None = None,
+) -> dg.AssetCheckEvaluation:
     return dg.AssetCheckEvaluation(
         asset_key=MEDIA_USAGE_INDEX,
         check_name=COVERAGE_CHECK,
@@ -180,6 +208,7 @@ def coverage_check_evaluation(coverage: CollectionCoverage) -> dg.AssetCheckEval
         description=coverage_verdict(coverage),
         metadata=coverage_check_metadata(coverage),
         partition=coverage.collection_slug,
+        target_materialization_data=target,
     )
 
 

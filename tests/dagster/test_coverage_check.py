@@ -76,6 +76,12 @@ def assert_page_equals_status(db, instance: dg.DagsterInstance, slug: str) -> bo
     assert check.passed is complete
     assert check.severity is dg.AssetCheckSeverity.ERROR
     assert page["error_code"] == (status.last_error_code or "-")
+    # The evaluation targets the latest materialization, so the check's Partitions tab counts
+    # it (passed or failed) instead of showing the partition as not evaluated.
+    [info] = instance.event_log_storage.get_asset_check_partition_info(
+        [CHECK_KEY], partition_keys=[slug]
+    )
+    assert info.is_current
     return check.passed
 
 
@@ -102,6 +108,12 @@ def test_the_asset_page_equals_status_after_every_kind_of_run(db):
             assert run_partition(db, instance, slug).success
             assert assert_page_equals_status(db, instance, slug) is True
 
+        # A work run with nothing due is tagged with why it stopped.
+        idle = _job("media_usage_work").execute_in_process(
+            instance=instance, resources=resources(db)
+        )
+        assert instance.get_run_by_id(idle.run_id).tags[OUTCOME_TAG] == "nothing_due"
+
         # Work: one entry projected, one failing for good on the resource limit.
         writer.update_entry("articles", sample_entry("art", 1)["id"], {"title": "edited"})
         writer.insert_entry("pages", _oversized_entry("oversized"))
@@ -111,6 +123,10 @@ def test_the_asset_page_equals_status_after_every_kind_of_run(db):
         assert work.success  # the item's failure is its row's state, not the run's
         assert assert_page_equals_status(db, instance, "articles") is True
         assert assert_page_equals_status(db, instance, "pages") is False
+        assert (
+            _page(instance, "pages")["work_failed"],
+            _page(instance, "articles")["work_failed"],
+        ) == (1, 0)
         pages = _status(db, "pages")
         assert (pages.failed_work, pages.failed_work_codes) == (1, {RESOURCE_LIMIT: 1})
         assert _check(instance, "pages").metadata["failed_work_codes"].value == (
@@ -134,6 +150,7 @@ def test_the_asset_page_equals_status_after_every_kind_of_run(db):
         )
         assert retry.success
         assert assert_page_equals_status(db, instance, "pages") is False
+        assert _page(instance, "pages")["operator_retry"] == "work"
         assert (_status(db, "pages").failed_work, _status(db, "pages").pending_work) == (0, 1)
 
         # Stuck work: a claimed item whose lease expired. The check job evaluates it on demand.
