@@ -279,10 +279,16 @@ def _measure_reconcile(workload: Workload, engine: Engine, collection: Collectio
         sensors = lane_sensors("media_usage_reconciliation_sensor", "media_usage_work_sensor")
         with dagster_lane(workload.url) as lane:
             return timed(workload.url, lambda: lane(sensors), profile=workload.profile)
+    return _driven(workload, DriverMode(engine, collection).reconcile)
+
+
+def _driven(workload: Workload, action: Callable[[], int]) -> Timed:
+    """`action` timed in this process, with `workload.workers - 1` work runs released when its
+    drain begins."""
     with work_runs(workload.url, workload.workers) as pool:
         measured = timed(
             workload.url,
-            DriverMode(engine, collection).reconcile,
+            action,
             on_enter={"drain": pool.release} if pool else None,
             profile=workload.profile,
         )
@@ -304,14 +310,7 @@ def run_work(workload: Workload, path: str) -> BenchResult:
                 measured = timed(workload.url, lambda: lane(sensors), profile=workload.profile)
         else:
             driver = DriverMode(engine, None)
-            with work_runs(workload.url, workload.workers) as pool:
-                measured = timed(
-                    workload.url,
-                    lambda: driver.process_work(path),
-                    on_enter={"drain": pool.release} if pool else None,
-                    profile=workload.profile,
-                )
-                measured = _with_work_runs(measured, pool)
+            measured = _driven(workload, lambda: driver.process_work(path))
         verified = index_is_verified(engine)
         return _result(workload, engine, measured, verified, "work", path)
     finally:
