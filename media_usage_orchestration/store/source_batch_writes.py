@@ -251,6 +251,27 @@ def _write_lease_statement(dialect_name: str):
     )
 
 
+# SQLite's occurrence rows go to the driver's `executemany` (see `insert_occurrences`).
+_OCCURRENCE_INSERT = occurrences.insert()
+
+
+@functools.lru_cache(maxsize=16)
+def _occurrence_insert_statement(dialect_name: str, names: tuple[str, ...]):
+    rows = _occurrence_rows_of(names).relation(dialect_name)
+    return occurrences.insert().from_select(list(names), select(*(rows.c[name] for name in names)))
+
+
+def _occurrence_rows_of(names: tuple[str, ...]) -> JsonRows:
+    """New occurrence rows, each column typed as the relation declares it: integer or text."""
+    return JsonRows.of(
+        "new_occurrence",
+        {
+            name: Integer() if isinstance(occurrences.c[name].type, Integer) else Text()
+            for name in names
+        },
+    )
+
+
 @functools.lru_cache(maxsize=64)
 def _insert_new_statement(dialect_name: str, collection_slug: str, names: tuple[str, ...]):
     """Sources observed absent: inserted only if still absent, under the guards."""
@@ -307,73 +328,6 @@ def _removal_statement(dialect_name: str, collection_slug: str):
             _batch_identity_is_current(),
         )
         .returning(sources.c.source_key, sources.c.current_generation)
-    )
-
-
-class _BoundRow:
-    """One row as bound parameters, for statements executed once per row (`executemany`):
-    `row.c.<name>` is the parameter `row_<name>` (a column's own name is reserved for the
-    statement's SET values), typed as the JSON relation types it, so the guards above read
-    a bound row exactly as they read a relation's row."""
-
-    def __init__(self, types: Mapping[str, Any]) -> None:
-        self.c = _BoundColumns(types)
-
-
-class _BoundColumns:
-    def __init__(self, types: Mapping[str, Any]) -> None:
-        self._types = types
-
-    def __getitem__(self, name: str):
-        return bindparam(_BOUND_PREFIX + name, type_=self._types[name])
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self[name]
-
-
-_OCCURRENCE_INSERT = occurrences.insert()
-_BOUND_PREFIX = "row_"
-_BOUND_TYPES = {**_SOURCE_COLUMN_TYPES, **_EXPECTED_COLUMN_TYPES, "lease_token": Text()}
-
-
-@functools.lru_cache(maxsize=64)
-def _insert_new_per_row(collection_slug: str, names: tuple[str, ...]):
-    """`_insert_new_statement` for one bound row: inserted only if still absent, under the
-    guards (SQLite, where reading each value out of a JSON row text costs a parse)."""
-    row = _BoundRow(_BOUND_TYPES)
-    written = [name for name in names if name != "lease_token"]
-    selected = select(*(row.c[name] for name in written)).where(
-        _publication_guard(collection_slug, row)
-    )
-    return (
-        dialect_insert("sqlite", sources)
-        .from_select(written, selected)
-        .on_conflict_do_nothing(index_elements=[sources.c.source_key])
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _update_changed_per_row(collection_slug: str, names: tuple[str, ...]):
-    """`_update_changed_statement` for one bound row: rewritten only while every expected
-    column still matches, under the guards."""
-    row = _BoundRow(_BOUND_TYPES)
-    written = [name for name in names if name in sources.c and name != "source_key"]
-    return (
-        update(sources)
-        .where(
-            sources.c.source_key == row.c.source_key,
-            _source_matches_rows(row),
-            _publication_guard(collection_slug, row),
-        )
-        .values({name: row.c[name] for name in written})
-    )
-
-
-def _published_generations_statement():
-    return select(sources.c.source_key, sources.c.current_generation).where(
-        sources.c.source_key.in_(bindparam("published_keys", expanding=True))
     )
 
 
@@ -475,8 +429,12 @@ class _CollectionBatch:
     def insert_occurrences(
         self, prepared: Sequence[_Prepared], leased_at: Mapping[str, str]
     ) -> None:
-        """Occurrences of the fresh generations, one `executemany` (no guard of their own: a
-        generation is only published by its source's guarded write, and collected if not)."""
+        """Occurrences of the fresh generations in one statement (no guard of their own: a
+        generation is only published by its source's guarded write, and collected if not).
+
+        SQLite re-parses a JSON row's text for every value it extracts, so there the rows go
+        to the driver's `executemany`; PostgreSQL reads a JSON relation in one pass, faster
+        than one execution per row."""
         ids = iter(new_ulids(sum(len(item.publication.source.occurrences) for item in prepared)))
         rows = [
             row
@@ -489,15 +447,19 @@ class _CollectionBatch:
                 [next(ids) for _ in item.publication.source.occurrences],
             )
         ]
-        if rows:
-            execute_many(self.connection, _OCCURRENCE_INSERT, rows, tuple(rows[0]))
+        if not rows:
+            return
+        names = tuple(rows[0])
+        if self.dialect == "sqlite":
+            execute_many(self.connection, _OCCURRENCE_INSERT, rows, names)
+        else:
+            statement = _occurrence_insert_statement(self.dialect, names)
+            self.execute(statement, _occurrence_rows_of(names), rows)
 
     def insert_new(self, rows: Sequence[dict[str, Any]]) -> set[str]:
         if not rows:
             return set()
         names = tuple(rows[0])
-        if self.dialect == "sqlite":
-            return self.per_row(_insert_new_per_row(self.collection_slug, names), rows)
         statement = _insert_new_statement(self.dialect, self.collection_slug, names)
         relation = _published_rows_of("new_source", names)
         return set(self.execute(statement, relation, rows).scalars())
@@ -506,26 +468,9 @@ class _CollectionBatch:
         if not rows:
             return set()
         names = tuple(rows[0])
-        if self.dialect == "sqlite":
-            return self.per_row(_update_changed_per_row(self.collection_slug, names), rows)
         statement = _update_changed_statement(self.dialect, self.collection_slug, names)
         found = self.execute(statement, _published_rows_of("changed_source", names), rows)
         return set(found.scalars())
-
-    def per_row(self, statement, rows: Sequence[dict[str, Any]]) -> set[str]:
-        """Run a guarded single-row statement for every row (`executemany`), then read which
-        landed: a row carrying the publication's fresh generation is the publication's own
-        (nothing else writes that generation), in this same transaction."""
-        bound = [
-            {**self.identity, **{_BOUND_PREFIX + name: value for name, value in row.items()}}
-            for row in rows
-        ]
-        execute_many(self.connection, statement, bound)
-        generations = {row["source_key"]: row["current_generation"] for row in rows}
-        found = self.connection.execute(
-            _published_generations_statement(), {"published_keys": list(generations)}
-        )
-        return {key for key, generation in found if generations[key] == generation}
 
     def release_write_leases(self, prepared: Sequence[_Prepared]) -> None:
         tokens = [item.lease_token for item in prepared]
