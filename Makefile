@@ -20,10 +20,16 @@ test: $(STAMP)
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 # The UI on the demo's database and instance (.dagster_home), so the demo's runs are visible.
+# The pid file (the shell execs `dg dev`, so it is dg's pid) tells `make demo` the instance is in
+# use; once the process is gone the file is stale and ignored.
+DEV_PORT ?= 3000
 dev: $(STAMP)
 	mkdir -p $(CURDIR)/.dagster_home && touch $(CURDIR)/.dagster_home/.media_usage_local_instance
 	test -f $(CURDIR)/.dagster_home/dagster.yaml || printf 'telemetry:\n  enabled: false\n' > $(CURDIR)/.dagster_home/dagster.yaml
-	. $(BIN)/activate && DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} dg dev --use-active-venv -w workspace.yaml
+	. $(BIN)/activate && export DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} && \
+		mkdir -p "$$DAGSTER_HOME" && \
+		echo $$$$ > "$$DAGSTER_HOME/media_usage_dev.pid" && \
+		exec dg dev --use-active-venv -w workspace.yaml -p $(DEV_PORT)
 
 BENCH_ENTRIES ?= 20000
 MEDIA_USAGE_BENCH_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test

@@ -1,11 +1,12 @@
 """The demo: an EmDash-shaped database driven by the real Dagster definitions.
 
 It builds three collections of content with media references of every kind, activates capture
-with the activation job, and then lets the sensors ask for runs - evaluated as the daemon would,
-executed as real runs of a persistent instance in `.dagster_home` - until every collection's
-coverage is complete. An edit wave follows (captured by the triggers, projected by the work
-job), then a forced deletion of one collection (the request job, then the deletion job its
-sensor asks for). `make dev` opens the same database and instance in the UI.
+with the activation job, and then lets the sensors ask for runs - ticked by the sensor daemon's
+own iteration over the workspace `make dev` loads, launched through a persistent instance in
+`.dagster_home` - until every collection's coverage is complete. An edit wave follows (captured
+by the triggers, projected by the work job), then a forced deletion of one collection (the
+request job, then the deletion job its sensor asks for). `make dev` opens the same database and
+instance in the UI, where every run is on its job's Runs tab and re-executes.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,12 @@ from rich.table import Table
 
 from . import sample_content
 from .console import status_table
+from .local_instance import (
+    KEPT_ON_RESET,
+    LOCAL_INSTANCE_MARKER,
+    instance_in_use,
+    is_foreign_instance,
+)
 from .processing.verify import verify_index
 from .store import audit, cms, schema
 from .store.engine import (
@@ -52,9 +59,6 @@ DEMO_COLLECTIONS = (
     DemoCollection("products", "pro", 450),
 )
 DELETED_COLLECTION = "products"
-# Written by `make demo` and `make dev` into the project's local instance directory: only a
-# directory carrying it is ever cleared.
-LOCAL_INSTANCE_MARKER = ".media_usage_local_instance"
 # Beside a SQLite file the demo created: only such a file is ever removed by a later demo.
 DEMO_DATABASE_MARKER_SUFFIX = ".demo"
 UI_URL = "http://127.0.0.1:3000"
@@ -67,18 +71,66 @@ def run_demo(
     collections: Sequence[DemoCollection] = DEMO_COLLECTIONS,
 ) -> int:
     """Run the whole demo; 0 when every remaining collection is complete, the index has no
-    drift and the deleted collection is gone, else 1."""
-    started = time.monotonic()
+    drift and the deleted collection is gone, else 1. An instance in use (a running
+    `make dev`) or not the project's own is refused before anything is touched."""
+    phases = DemoPhases()
+    _refuse_an_instance_in_use(dagster_home)
     _refuse_a_foreign_instance(dagster_home)
-    engine = _prepare_database(url, console)
-    _write_content(engine, collections)
-    console.print(f"Demo database: [bold]{escape(redacted_url(engine.url))}[/]")
-    console.print(content_table(engine))
-    with _demo_instance(dagster_home, console) as instance:
-        runs = _run_jobs(url, engine, instance, console, collections)
+    with phases.measure("database"):
+        engine = _prepare_database(url, console)
+    from .instance_runner import instance_runner_in_background
+
+    with (
+        _demo_instance(dagster_home, console) as instance,
+        instance_runner_in_background(instance, url) as started_runner,
+    ):
+        with phases.measure("content (the code server starting meanwhile)"):
+            _write_content(engine, collections)
+        console.print(f"Demo database: [bold]{escape(redacted_url(engine.url))}[/]")
+        console.print(content_table(engine))
+        with phases.measure("code server (rest of its start)"):
+            runner = started_runner()
+        runs = _run_jobs(engine, runner, console, collections, phases)
     console.print(runs_table(runs))
     console.print(status_table(engine))
-    return _report(engine, console, started)
+    with phases.measure("verify"):
+        code = _report(engine, console)
+    console.print(phases.table())
+    console.print(f"Demo finished in {phases.total():.1f} s.")
+    console.print(f"Open the UI with [bold]make dev[/], then {UI_URL}")
+    return code
+
+
+@dataclass
+class DemoPhases:
+    """Wall-clock seconds and runs per phase of the demo, in order."""
+
+    started: float = field(default_factory=time.monotonic)
+    rows: list[tuple[str, float, int]] = field(default_factory=list)
+
+    @contextmanager
+    def measure(self, name: str, runs: list[Any] | None = None) -> Iterator[None]:
+        """Time the block; `runs` is the list the block appends its runs to."""
+        before = len(runs) if runs is not None else 0
+        phase_started = time.monotonic()
+        yield
+        launched = len(runs) - before if runs is not None else 0
+        self.add(name, time.monotonic() - phase_started, launched)
+
+    def add(self, name: str, seconds: float, runs: int = 0) -> None:
+        self.rows.append((name, seconds, runs))
+
+    def total(self) -> float:
+        return time.monotonic() - self.started
+
+    def table(self) -> Table:
+        table = Table(title="Demo phases")
+        for header in ("phase", "seconds", "runs"):
+            table.add_column(header)
+        for name, seconds, runs in self.rows:
+            table.add_row(name, f"{seconds:.1f}", str(runs))
+        table.add_row("total", f"{self.total():.1f}", str(sum(row[2] for row in self.rows)))
+        return table
 
 
 # --- database ---------------------------------------------------------------------------------
@@ -167,29 +219,34 @@ def edit_wave(engine: Engine, collection: DemoCollection) -> int:
 @contextmanager
 def _demo_instance(dagster_home: Path, console: Console) -> Iterator[Any]:
     """A persistent instance in the demo's own directory, so `make dev` shows its runs. Only a
-    directory the demo created (it carries a marker) is ever emptied."""
-    import dagster as dg
+    directory the demo created (it carries a marker) is ever emptied. The demo executes the
+    runs it launches itself; `dagster.yaml` stays what `make dev` uses."""
+    from .instance_runner import synchronous_instance
 
     marker = dagster_home / LOCAL_INSTANCE_MARKER
     _refuse_a_foreign_instance(dagster_home)
     if marker.exists():
         console.print(f"Starting over: clearing the demo's Dagster history in {dagster_home}")
         for path in dagster_home.iterdir():
-            if path.name not in ("dagster.yaml", LOCAL_INSTANCE_MARKER):
+            if path.name not in KEPT_ON_RESET:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
     dagster_home.mkdir(parents=True, exist_ok=True)
     marker.touch()
     config = dagster_home / "dagster.yaml"
     if not config.exists():
         config.write_text("telemetry:\n  enabled: false\n")
-    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+    with synchronous_instance(dagster_home) as instance:
         yield instance
 
 
+def _refuse_an_instance_in_use(dagster_home: Path) -> None:
+    reason = instance_in_use(dagster_home)
+    if reason is not None:
+        raise click.ClickException(f"{reason}; stop it before `make demo` (nothing was changed).")
+
+
 def _refuse_a_foreign_instance(dagster_home: Path) -> None:
-    if not dagster_home.exists() or (dagster_home / LOCAL_INSTANCE_MARKER).exists():
-        return
-    if any(path.name != "dagster.yaml" for path in dagster_home.iterdir()):
+    if is_foreign_instance(dagster_home):
         raise click.ClickException(
             f"{dagster_home} holds a Dagster instance this project did not create; "
             "pass another --dagster-home."
@@ -197,65 +254,85 @@ def _refuse_a_foreign_instance(dagster_home: Path) -> None:
 
 
 def _run_jobs(
-    url: str,
     engine: Engine,
-    instance: Any,
+    runner: Any,
     console: Console,
     collections: Sequence[DemoCollection],
+    phases: DemoPhases,
 ) -> list[Any]:
-    from .local_runner import execute_job, run_lane
-    from .resources.automation import MediaUsageAutomation
-    from .resources.database import MediaUsageDatabase
+    import dagster as dg
 
-    resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
-    runs: list[Any] = []
+    from .instance_runner import quiet_run_logs, run_outcome
+    from .local_runner import LaneRun
 
-    def execute(job_name: str, run_config: Mapping[str, Any] | None = None) -> None:
-        run = execute_job(instance, resources, job_name, run_config=run_config, log_level="WARNING")
-        runs.append(run)
-        _print_run(console, run)
+    runs: list[LaneRun] = []
 
-    def lane(on_run: Callable[[Any], None]) -> None:
-        def record(run: Any) -> None:
-            if run.job_name != "partitions":
-                runs.append(run)
-                _print_run(console, run)
-            on_run(run)
+    def record(run: Any) -> None:
+        partition = run.tags.get("dagster/partition")
+        success = run.status == dg.DagsterRunStatus.SUCCESS
+        runs.append(LaneRun(run.job_name, partition, success, run_outcome(runner.instance, run)))
+        _print_run(console, runs[-1])
 
-        run_lane(instance, resources, log_level="WARNING", on_run=record)
+    with _progress(console) as progress, quiet_run_logs():
+        _drive_the_lanes(engine, runner, record, progress, phases, runs, collections)
+    return runs
 
-    with _progress(console) as progress:
-        coverage = progress.add_task("coverage complete", total=len(collections))
-        execute("media_usage_activation")
 
-        def show_coverage(run: Any = None) -> None:
-            complete = len(collections) - len(_incomplete_collections(engine))
-            progress.update(coverage, completed=complete)
+def _drive_the_lanes(
+    engine: Engine,
+    runner: Any,
+    record: Callable[[Any], None],
+    progress: Progress,
+    phases: DemoPhases,
+    runs: list[Any],
+    collections: Sequence[DemoCollection],
+) -> None:
+    """Activation, coverage, the edit wave and the deletion; `record` hears of every run as it
+    ends and appends it to `runs`."""
+    coverage = progress.add_task("coverage complete", total=len(collections))
 
-        lane(show_coverage)
+    def show_coverage() -> None:
+        complete = len(collections) - len(_incomplete_collections(engine))
+        progress.update(coverage, completed=complete)
+
+    def show_coverage_run(run: Any) -> None:
+        record(run)
         show_coverage()
 
+    with phases.measure("activation", runs):
+        record(runner.launch("media_usage_activation"))
+    with phases.measure("coverage (sensor ticks)", runs):
+        runner.run_lane(show_coverage_run)
+    show_coverage()
+
+    with phases.measure("edit wave", runs):
         writes = sum(edit_wave(engine, collection) for collection in collections)
-        console.print(f"Edit wave: {writes} content writes captured as work")
+        progress.console.print(f"Edit wave: {writes} content writes captured as work")
         work = progress.add_task("edit wave projected", total=writes)
-        lane(lambda run: progress.update(work, completed=writes - _open_work(engine)))
+
+        def show_work(run: Any) -> None:
+            record(run)
+            progress.update(work, completed=writes - _open_work(engine))
+
+        runner.run_lane(show_work)
         progress.update(work, completed=writes - _open_work(engine))
 
+    with phases.measure(f"delete {DELETED_COLLECTION}", runs):
         deletion = progress.add_task(f"delete {DELETED_COLLECTION}", total=1)
         # Forced: the collection still has entries, which a plain request refuses.
         request = {"collection": DELETED_COLLECTION, "force": True}
-        execute("request_collection_deletion", {"ops": {"request_deletion": {"config": request}}})
-        lane(lambda run: None)
-        execute("media_usage_maintenance")
+        config = {"ops": {"request_deletion": {"config": request}}}
+        record(runner.launch("request_collection_deletion", config))
+        runner.run_lane(record)
+        record(runner.launch("media_usage_maintenance"))
         progress.update(deletion, completed=int(_collection_gone(engine, DELETED_COLLECTION)))
-    return runs
 
 
 def _print_run(console: Console, run: Any) -> None:
     partition = f"[{run.partition_key}]" if run.partition_key else ""
     state = "[green]success[/]" if run.success else "[red]failure[/]"
     outcome = f": {run.outcome}" if run.outcome else ""
-    console.print(f"  run {run.job_name}{partition} {state}{outcome}")
+    console.print(f"  run {run.job_name}{escape(partition)} {state}{outcome}")
 
 
 @contextmanager
@@ -283,7 +360,7 @@ def _collection_gone(engine: Engine, slug: str) -> bool:
         return audit.collection_is_gone(connection, slug)
 
 
-def _report(engine: Engine, console: Console, started: float) -> int:
+def _report(engine: Engine, console: Console) -> int:
     report = verify_index(engine)
     gone = _collection_gone(engine, DELETED_COLLECTION)
     incomplete = _incomplete_collections(engine)
@@ -297,8 +374,6 @@ def _report(engine: Engine, console: Console, started: float) -> int:
     )
     if incomplete:
         console.print(f"[red]coverage not complete:[/] {', '.join(incomplete)}")
-    console.print(f"Demo finished in {time.monotonic() - started:.1f} s.")
-    console.print(f"Open the UI with [bold]make dev[/], then {UI_URL}")
     return 1 if report.has_drift or not gone or incomplete else 0
 
 
