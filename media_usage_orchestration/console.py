@@ -52,6 +52,7 @@ STATUS_COLUMNS = {
     "occurrences": "occurrences",
     "pending": "pending_work",
     "failed": "failed_work",
+    "stuck": "stuck_work",
     "last error": "last_error_code",
 }
 

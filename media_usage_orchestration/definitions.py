@@ -3,7 +3,7 @@
 import dagster as dg
 
 from . import jobs, schedules, sensors
-from .ops.coverage import media_usage_index
+from .ops.coverage import coverage_complete, media_usage_index
 from .ops.media_library import media_usage_media_library
 from .ops.projection_gc import media_usage_projection_cleanup
 from .resources.automation import MediaUsageAutomation
@@ -11,6 +11,7 @@ from .resources.database import MediaUsageDatabase
 
 defs = dg.Definitions(
     assets=[media_usage_index, media_usage_projection_cleanup, media_usage_media_library],
+    asset_checks=[coverage_complete],
     jobs=[
         jobs.media_usage_work,
         jobs.media_usage_reconciliation,
@@ -22,6 +23,7 @@ defs = dg.Definitions(
         jobs.retry_collection_deletion_job,
         jobs.retry_media_usage_reconciliation_job,
         jobs.media_usage_projection_gc,
+        jobs.media_usage_coverage_check,
     ],
     sensors=[
         sensors.media_usage_work_sensor,

@@ -5,6 +5,7 @@ import dagster as dg
 from ..processing.activation import ActivationOutcome, activate_step
 from ..resources.database import MediaUsageDatabase
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from .coverage import record_collection_by_slug
 
 MAX_ACTIVATION_STEPS = 100_000
 
@@ -34,6 +35,8 @@ def activate_capture(context: dg.OpExecutionContext, database: MediaUsageDatabas
                 break
         else:
             raise dg.Failure("Activation did not finish within its step budget")
+        for slug in activated:
+            record_collection_by_slug(context, database.engine, slug, activation="active")
     yield dg.Output(
         None,
         metadata={

@@ -25,6 +25,7 @@ from ..store.engine import Engine
 from ..store.identifiers import validate_identifier
 from ..store.registry import read_collection_id
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from .coverage import forget_deleted_collection
 from .leased import (
     StepReport,
     StepStopped,
@@ -294,6 +295,7 @@ def request_deletion(
         # Inside: bad input fails the step at once instead of going to the RetryPolicy.
         validate_identifier(config.collection, "collection slug")
         outcome, detail = _request(database.engine, config.collection, config.force)
+        forget_deleted_collection(context, database.engine, config.collection)
     context.log.info(f"deletion of {config.collection!r}: {outcome} ({detail})")
     yield dg.Output(
         None,

@@ -143,6 +143,11 @@ def _tag_run(context: dg.OpExecutionContext, outcome: str) -> None:
     _add_run_tags(context, {OUTCOME_TAG: outcome})
 
 
+def tag_run_outcome(context: dg.OpExecutionContext, outcome: str) -> None:
+    """Tag the run with its outcome for the runs list, from an op outside the leased graphs."""
+    _tag_run(context, outcome)
+
+
 def tag_run_collection(context: dg.OpExecutionContext, slug: str | None) -> None:
     """Tag the run with its collection's slug, however it was launched (sensor, Launchpad,
     backfill, re-execution), so the Runs filter on `media_usage/collection` finds every run of

@@ -25,6 +25,7 @@ from ..processing.operator import (
 )
 from ..resources.database import MediaUsageDatabase
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from .coverage import record_collection_by_slug
 from .deletion import tombstone_slug
 from .leased import StepReport, emit, tag_run_collection
 
@@ -84,6 +85,9 @@ def reopen_failed_work(
             report = _single_report(
                 single, collection=config.collection, content_id=config.content_id
             )
+        record_collection_by_slug(
+            context, database.engine, config.collection, operator_retry="work"
+        )
     yield from emit(context, report)
 
 
@@ -132,4 +136,7 @@ def reopen_reconciliation(
     tag_run_collection(context, config.collection)
     with _refusing_bad_input():
         result = retry_reconciliation(database.engine, config.collection)
+        record_collection_by_slug(
+            context, database.engine, config.collection, operator_retry="reconciliation"
+        )
     yield from emit(context, _single_report(result, collection=config.collection))

@@ -6,7 +6,8 @@ from pydantic import Field
 from ..processing.run_loop import Budget, drain_due_work
 from ..resources.database import MediaUsageDatabase
 from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-from .coverage import record_coverage
+from .coverage import FAILED_WORK_OUTCOME, record_drained_coverage
+from .leased import tag_run_outcome
 from .progress import logged_progress
 
 
@@ -36,16 +37,10 @@ def project_due_work(
                 config.batch_size,
                 progress=progress.counting(lambda batch: batch.claimed_count),
             )
-        duration = budget.elapsed_seconds()
-        for (collection_id, slug), completed in sorted(drained.completed_by_collection.items()):
-            record_coverage(
-                context,
-                database.engine,
-                collection_id,
-                slug,
-                duration_seconds=duration,
-                entries_projected=completed,
-            )
+        record_drained_coverage(context, database.engine, drained, budget.elapsed_seconds())
     totals = dict(drained.counts)
     context.log.info(f"work: {totals} (stopped: {drained.stopped_by.value})")
+    # Items that failed for good are their rows' state, not the run's: the run succeeds and
+    # says so in its outcome tag, a WARNING and each collection's failing check.
+    tag_run_outcome(context, FAILED_WORK_OUTCOME if totals["failed"] else drained.stopped_by.value)
     yield dg.Output(None, metadata={**totals, "stopped_by": drained.stopped_by.value})

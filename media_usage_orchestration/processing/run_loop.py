@@ -152,6 +152,13 @@ class WorkDrain:
     counts: Mapping[str, int]  # every name of WORK_COUNTS, summed over the batches
     # (collection id, slug) -> items of that collection completed
     completed_by_collection: Mapping[tuple[str, str], int]
+    # (collection id, slug) -> items of that collection failed for good
+    failed_by_collection: Mapping[tuple[str, str], int]
+
+    @property
+    def changed_collections(self) -> list[tuple[str, str]]:
+        """Collections with work completed or failed for good, by id."""
+        return sorted({*self.completed_by_collection, *self.failed_by_collection})
 
 
 def drain_due_work(
@@ -165,21 +172,23 @@ def drain_due_work(
     `progress` is told each batch's result."""
     counts = dict.fromkeys(WORK_COUNTS, 0)
     completed: Counter[tuple[str, str]] = Counter()
+    failed: Counter[tuple[str, str]] = Counter()
     while not budget.exhausted():
         remaining = budget.remaining_steps
         batch = process_due_batch(
             engine, batch_size if remaining is None else min(batch_size, remaining)
         )
         if batch.inactive:
-            return WorkDrain(WorkDrainEnd.INACTIVE, counts, completed)
+            return WorkDrain(WorkDrainEnd.INACTIVE, counts, completed, failed)
         _add(counts, batch)
         completed.update(batch.completed_by_collection)
+        failed.update(batch.failed_by_collection)
         if progress is not None:
             progress(batch)
         budget.charge(batch.claimed_count)
         if batch.claimed_count == 0:
-            return WorkDrain(WorkDrainEnd.NOTHING_DUE, counts, completed)
-    return WorkDrain(WorkDrainEnd.BUDGET, counts, completed)
+            return WorkDrain(WorkDrainEnd.NOTHING_DUE, counts, completed, failed)
+    return WorkDrain(WorkDrainEnd.BUDGET, counts, completed, failed)
 
 
 def _add(counts: dict[str, int], batch: WorkBatchResult) -> None:

@@ -176,6 +176,8 @@ class WorkBatchResult:
     duration_ms: int = 0
     # (collection id, slug) -> items of that collection completed by this batch
     completed_by_collection: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # (collection id, slug) -> items of that collection this batch failed for good
+    failed_by_collection: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 # --- policy -----------------------------------------------------------------------------------
@@ -336,20 +338,21 @@ def process_due_batch(
     claimed = repository.claim_due_batch(batch_size, lease_seconds, collection_id)
     batch = _Batch(engine, repository, lease_seconds, clock, claimed_at=clock())
     outcomes = []
-    completed_by_collection: dict[tuple[str, str], int] = {}
+    completed_by_collection: Counter[tuple[str, str]] = Counter()
+    failed_by_collection: Counter[tuple[str, str]] = Counter()
     for group in _by_collection(claimed):
         group_outcomes = batch.in_bulk(group) if bulk else batch.one_by_one(group)
         outcomes.extend(group_outcomes)
-        completed = group_outcomes.count(WorkOutcome.COMPLETED)
-        if completed:
-            identity = (group[0].collection_id, group[0].collection_slug)
-            completed_by_collection[identity] = completed_by_collection.get(identity, 0) + completed
+        identity = (group[0].collection_id, group[0].collection_slug)
+        completed_by_collection[identity] += group_outcomes.count(WorkOutcome.COMPLETED)
+        failed_by_collection[identity] += group_outcomes.count(WorkOutcome.FAILED)
     # Every claimed row counts, claim-lost ones included (they were claimed by this batch).
     return OutcomeCounts.of(outcomes).into(
         WorkBatchResult,
         claimed_count=len(claimed),
         duration_ms=_elapsed_ms(clock, started),
-        completed_by_collection=completed_by_collection,
+        completed_by_collection={key: n for key, n in completed_by_collection.items() if n},
+        failed_by_collection={key: n for key, n in failed_by_collection.items() if n},
     )
 
 

@@ -3,16 +3,20 @@ coverage asset plots.
 
 Read-only, inside one read transaction. Sources count the collection's canonical sources;
 occurrences only those of each source's current generation (older generations are abandoned
-rows awaiting cleanup). Entries count the rows of `ec_<slug>`, trashed ones included.
+rows awaiting cleanup). Entries count the rows of `ec_<slug>`, trashed ones included. Stuck work
+is leased work whose lease expired (on the database clock): nobody is processing it until the
+next claim takes it over.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, column, func, select, table
+from sqlalchemy import Connection, Engine, and_, case, column, func, literal, null, select, table
 
+from .clock import is_due
 from .engine import read_transaction
 from .identifiers import InvalidIdentifierError, content_table_name
 from .leases import LeaseState
@@ -45,11 +49,19 @@ class CollectionCoverage:
     completed_at: str | None
     problem_code: str | None = None
     problem: str | None = None
+    stuck_work: int = 0
+    # error code -> failed work items with that code
+    failed_work_codes: dict[str, int] = field(default_factory=dict)
 
     @property
     def needs_operator(self) -> bool:
         """Failed work or failed coverage waits for an operator's retry."""
         return self.failed_work > 0 or self.status == "failed"
+
+    @property
+    def is_complete(self) -> bool:
+        """Coverage complete with no failed and no stuck work: the index can be trusted."""
+        return self.status == "complete" and self.failed_work == 0 and self.stuck_work == 0
 
 
 def read_all_coverage(engine: Engine) -> tuple[CollectionCoverage, ...]:
@@ -85,7 +97,7 @@ def _registry_with_status():
 
 
 def _coverage(connection: Connection, row: Any) -> CollectionCoverage:
-    work_counts = _work_counts(connection, row.id)
+    work_counts, stuck_work, failed_codes = _work_counts(connection, row.id)
     source_count, occurrence_count = _index_counts(connection, row.id)
     required = row.reconciliation_required
     try:
@@ -110,6 +122,8 @@ def _coverage(connection: Connection, row: Any) -> CollectionCoverage:
         completed_at=row.completed_at,
         problem_code=PROCESSING_FAILED_CODE if problem else None,
         problem=problem,
+        stuck_work=stuck_work,
+        failed_work_codes=failed_codes,
     )
 
 
@@ -121,13 +135,35 @@ def _entry_count(connection: Connection, slug: str) -> int | None:
     return connection.execute(select(func.count()).select_from(content)).scalar_one()
 
 
-def _work_counts(connection: Connection, collection_id: str) -> dict[str, int]:
-    statement = (
-        select(work.c.state, func.count())
-        .where(work.c.collection_id == collection_id)
-        .group_by(work.c.state)
+def _work_counts(
+    connection: Connection, collection_id: str
+) -> tuple[dict[str, int], int, dict[str, int]]:
+    """Work rows per state, the stuck ones among them, and the failed ones per error code, in
+    one statement."""
+    state = work.c.state
+    stuck = and_(
+        state == LeaseState.LEASED.value,
+        work.c.lease_expires_at.is_not(None),
+        is_due(work.c.lease_expires_at),
     )
-    return {state: count for state, count in connection.execute(statement).all()}
+    is_stuck = case((stuck, literal(1)), else_=literal(0)).label("stuck")
+    failed_code = case(
+        (state == LeaseState.FAILED.value, work.c.last_error_code), else_=null()
+    ).label("failed_code")
+    statement = (
+        select(state, is_stuck, failed_code, func.count())
+        .where(work.c.collection_id == collection_id)
+        .group_by(state, is_stuck, failed_code)
+    )
+    by_state: Counter[str] = Counter()
+    failed_codes: Counter[str] = Counter()
+    stuck_count = 0
+    for row_state, row_stuck, code, count in connection.execute(statement).all():
+        by_state[row_state] += count
+        stuck_count += count if row_stuck else 0
+        if row_state == LeaseState.FAILED.value:
+            failed_codes[code or "unknown"] += count
+    return dict(by_state), stuck_count, dict(sorted(failed_codes.items()))
 
 
 def _index_counts(connection: Connection, collection_id: str) -> tuple[int, int]:

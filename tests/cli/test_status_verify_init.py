@@ -19,7 +19,12 @@ from tests.cli.cli_support import (
     invoke,
     invoke_json,
 )
-from tests.cli.operator_states import failed_work
+from tests.cli.operator_states import (
+    FAILED_CODE,
+    expire_work_lease,
+    failed_work,
+    leased_work,
+)
 from tests.support import IMAGE_ONLY, snapshot
 
 ENTRIES = 3
@@ -65,6 +70,8 @@ def test_status_shows_coverage_index_and_work_per_collection(db, covered):
         "completed_at": posts["completed_at"],
         "problem_code": None,
         "problem": None,
+        "stuck_work": 0,
+        "failed_work_codes": {},
     }
     assert posts["started_at"] <= posts["completed_at"]
     assert drafts["collection_slug"] == "drafts" and drafts["entries"] == 0
@@ -80,7 +87,19 @@ def test_status_exits_1_while_failed_work_waits_for_a_retry(db, covered):
     result = assert_unchanged(db, ("status",), EXIT_PROBLEM)
 
     assert statuses[0]["failed_work"] == 1
+    assert statuses[0]["failed_work_codes"] == {FAILED_CODE: 1}
     assert "Failed work or coverage waits for a retry: posts" in result.stderr
+
+
+def test_status_counts_leased_work_whose_lease_expired_as_stuck(db, covered):
+    leased_work(db.engine, covered, "entry-1")
+    (live,) = invoke_json(db, "status")
+    expire_work_lease(db.engine, covered, "entry-1")
+    (expired,) = invoke_json(db, "status")
+
+    assert (live["pending_work"], live["stuck_work"]) == (1, 0)
+    assert (expired["pending_work"], expired["stuck_work"]) == (1, 1)
+    assert "stuck" in invoke(db, "status").stdout
 
 
 def test_status_of_a_collection_without_a_status_row_has_no_coverage(db):

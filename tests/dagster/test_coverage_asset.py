@@ -32,11 +32,6 @@ def _materializations(instance: dg.DagsterInstance, slug: str) -> list[dict]:
     return [plain(record.asset_materialization.metadata) for record in records.records]
 
 
-def _observations(instance: dg.DagsterInstance, slug: str) -> list[dict]:
-    records = instance.fetch_observations(_partition(slug), limit=100, ascending=True)
-    return [plain(record.asset_observation.metadata) for record in records.records]
-
-
 def _partition(slug: str) -> dg.AssetRecordsFilter:
     return dg.AssetRecordsFilter(asset_key=MEDIA_USAGE_INDEX, asset_partitions=[slug])
 
@@ -52,10 +47,11 @@ def test_a_completed_reconciliation_materializes_its_collection_partition(db):
     with dg.instance_for_test() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles", "pages"])
+        before = {slug: len(_materializations(instance, slug)) for slug in ("articles", "pages")}
         assert run_partition(db, instance, "articles").success
 
-        [metadata] = _materializations(instance, "articles")
-        assert _materializations(instance, "pages") == []
+        [metadata] = _materializations(instance, "articles")[before["articles"] :]
+        assert len(_materializations(instance, "pages")) == before["pages"]
 
     status = status_row(db.engine, "articles")
     coverage = read_collection_coverage(db.engine, articles.id)
@@ -95,7 +91,9 @@ def test_a_work_run_materializes_each_collection_it_projected(db):
         # reconciliation had.
         assert "pages" in instance.get_dynamic_partitions(PARTITIONS)
 
-    assert len(articles) == 1 and len(pages) == 1 and posts == []
+    # Activation materialized every collection once; the work run only those it projected.
+    assert len(articles) == 1 and len(pages) == 2 and len(posts) == 1
+    pages = pages[1:]
     assert articles[0]["entries_projected"] == 3
     assert pages[0]["entries_projected"] == 1
     assert articles[0]["entries"] == 20 and pages[0]["entries"] == 21
@@ -103,7 +101,7 @@ def test_a_work_run_materializes_each_collection_it_projected(db):
     assert articles[0]["duration_seconds"] >= 0
 
 
-def test_failed_coverage_is_observed_with_its_error_code(db, monkeypatch):
+def test_failed_coverage_is_recorded_with_its_error_code(db, monkeypatch):
     write_collections(db.engine, {"articles": 10})
 
     def failing_source_page(engine, claim):
@@ -121,14 +119,15 @@ def test_failed_coverage_is_observed_with_its_error_code(db, monkeypatch):
         result = run_partition(db, instance, "articles", raise_on_error=False)
 
         assert not result.success
-        [observation] = _observations(instance, "articles")
-        assert _materializations(instance, "articles") == []
+        # Activation recorded the collection first; the failure is the latest record.
+        activation, observation = _materializations(instance, "articles")
 
     # Sources of the scanned page exist, so EmDash publishes the failure as `partial`.
     assert status_row(db.engine, "articles")["status"] == "partial"
     assert (observation["reconciliation"], observation["coverage"]) == ("failed", "partial")
     assert observation["error_code"] == FAILED_CODE
     assert observation["entries"] == 10
+    assert (activation["activation"], activation["error_code"]) == ("active", "-")
 
 
 def test_a_failure_that_will_be_retried_records_no_coverage_event(db, monkeypatch):
@@ -145,6 +144,7 @@ def test_a_failure_that_will_be_retried_records_no_coverage_event(db, monkeypatc
         result = run_partition(db, instance, "articles", raise_on_error=False)
 
         assert not result.success
-        assert _observations(instance, "articles") == []
-        assert _materializations(instance, "articles") == []
+        assert [each.get("activation") for each in _materializations(instance, "articles")] == [
+            "active"  # activation's record only
+        ]
     assert status_row(db.engine, "articles")["status"] != "failed"

@@ -16,6 +16,7 @@ from media_usage_orchestration.sensors import COLLECTION_ID_TAG
 
 JOBS = {
     "media_usage_activation": ["activate_capture"],
+    "media_usage_coverage_check": ["media_usage_index_coverage_complete"],
     "media_usage_collection_deletion": [
         "claim_deletion",
         "fence",
@@ -44,6 +45,7 @@ JOBS = {
 }
 WORKFLOW_TAGS = {
     "media_usage_activation": "activation",
+    "media_usage_coverage_check": "coverage_check",
     "media_usage_collection_deletion": "collection_deletion",
     "media_usage_maintenance": "maintenance",
     "media_usage_reconciliation": "reconciliation",
@@ -91,6 +93,17 @@ def test_the_coverage_asset_and_the_resource_keys():
     assert "database" in defs.resources
     for key in ("media_usage_projection_cleanup", "media_usage_media_library"):
         assert defs.resolve_assets_def(key).partitions_def is None
+
+
+def test_the_coverage_check_is_defined_per_collection_partition():
+    [check_key] = defs.resolve_asset_graph().asset_check_keys
+    assert (check_key.asset_key.to_user_string(), check_key.name) == (
+        "media_usage_index",
+        "coverage_complete",
+    )
+    check = defs.resolve_asset_graph().get(check_key)
+    assert check.partitions_def.name == PARTITIONS_DEF
+    assert check.blocking is False
 
 
 def test_the_reconciliation_graph_hands_the_claim_through_named_outputs():
