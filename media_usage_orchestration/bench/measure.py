@@ -43,6 +43,11 @@ from .workers import WorkerPool
 
 WORK_BATCH_SIZE = 50
 MAX_DRIVER_RUNS = 100
+DRIVER_DONE = (
+    ReconciliationOutcome.COMPLETED,
+    ReconciliationOutcome.ALREADY_COMPLETE,
+    ReconciliationOutcome.FAILED,
+)
 PROFILE_TOP_FUNCTIONS = 20
 
 
@@ -193,7 +198,7 @@ class DriverMode:
         """Returns how many runs that took."""
         for runs in range(1, MAX_DRIVER_RUNS + 1):
             outcome = run_to_completion(self.engine, self.collection.id)
-            if outcome in (ReconciliationOutcome.COMPLETED, ReconciliationOutcome.FAILED):
+            if outcome in DRIVER_DONE:
                 return runs
             if outcome is ReconciliationOutcome.INACTIVE:
                 break

@@ -7,6 +7,7 @@ sensor starts the next run from the checkpoint. An op that must wait releases wi
 30 s delay and yields no claim, so the rest of the run is skipped and the run succeeds.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -82,7 +83,8 @@ WORKFLOW = ReconciliationWorkflow()
 class ClaimReconciliationConfig(dg.Config):
     force: bool = Field(
         default=False,
-        description="Reconcile even when coverage is complete (requests a full reconciliation).",
+        description="Reconcile even when coverage is complete (requests a full reconciliation); "
+        "the run tag media_usage/force=true does the same where no config can be given.",
     )
 
 
@@ -98,12 +100,43 @@ class DrainBudget(dg.Config):
 
 # --- claim ----------------------------------------------------------------------------------
 
+# A run tag, because the UI's backfill dialog takes tags but no run config: a backfill tagged
+# `media_usage/force=true` re-reconciles complete collections as config `force: true` does.
+FORCE_TAG = "media_usage/force"
+FORCE_TAG_VALUES = {"true": True, "false": False}
+
+
+def forced(config: ClaimReconciliationConfig, tags: Mapping[str, str]) -> bool:
+    """Whether the run forces a full reconciliation: config `force` or the force tag.
+
+    A tag value other than `true`/`false`, or `false` against config `force: true`, fails the
+    run before anything is written."""
+    if FORCE_TAG not in tags:
+        return config.force
+    value = tags[FORCE_TAG]
+    if value not in FORCE_TAG_VALUES:
+        raise dg.Failure(
+            f"Run tag {FORCE_TAG}={value!r} is not 'true' or 'false'; nothing was changed. "
+            f"Launch again with {FORCE_TAG}=true to re-reconcile a complete collection.",
+            metadata={"outcome": "invalid_force_tag", FORCE_TAG: value},
+            allow_retries=False,
+        )
+    if config.force and not FORCE_TAG_VALUES[value]:
+        raise dg.Failure(
+            f"Run tag {FORCE_TAG}=false contradicts config force: true; nothing was changed. "
+            "Drop one of the two.",
+            metadata={"outcome": "invalid_force_tag", FORCE_TAG: value},
+            allow_retries=False,
+        )
+    return FORCE_TAG_VALUES[value]
+
 
 @dg.op(
     out=leased_outs(ReconciliationClaim),
     retry_policy=TRANSIENT_RETRY_POLICY,
     description="Claim the partition's reconciliation (60 s lease), seeding it when the "
-    "collection needs one; with force, request a full reconciliation of complete coverage.",
+    "collection needs one; with config force or the run tag media_usage/force=true, request "
+    "a full reconciliation of complete coverage (otherwise such a run says already_complete).",
 )
 def claim_reconciliation(
     context: dg.OpExecutionContext,
@@ -112,6 +145,7 @@ def claim_reconciliation(
 ):
     slug = context.partition_key
     tag_run_collection(context, slug)
+    force = forced(config, context.run_tags)
     engine = database.engine
     with retry_transient_errors_only():
         validate_identifier(slug, "collection slug")
@@ -120,9 +154,14 @@ def claim_reconciliation(
             yield from emit(context, StepReport("not_found", None, {"collection": slug}))
             return
         attempt = steps.claim_collection(
-            engine, collection_id, force=config.force, reopen=is_reexecution(context)
+            engine, collection_id, force=force, reopen=is_reexecution(context)
         )
-    metadata = {"collection": slug, "collection_id": collection_id, "reason": attempt.reason}
+    metadata = {
+        "collection": slug,
+        "collection_id": collection_id,
+        "forced": force,
+        "reason": attempt.reason,
+    }
     claimed = attempt.outcome is ReconciliationOutcome.ADVANCED
     outcome = "claimed" if claimed else attempt.outcome.value
     yield from emit(context, StepReport(outcome, attempt.claim if claimed else None, metadata))

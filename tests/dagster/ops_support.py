@@ -43,15 +43,17 @@ def invoke(
     instance: dg.DagsterInstance | None = None,
     partition_key: str | None = None,
     op_config: Mapping[str, Any] | None = None,
+    run_tags: Mapping[str, str] | None = None,
 ) -> OpResult:
-    """Call `op_def` with the project's resources for `db`, the given config, partition and
-    instance, and `lease` as its input when given; it must emit an `outcome` (optionally with a
-    `lease`) or a `result`."""
+    """Call `op_def` with the project's resources for `db`, the given config, run tags,
+    partition and instance, and `lease` as its input when given; it must emit an `outcome`
+    (optionally with a `lease`) or a `result`."""
     with dg.build_op_context(
         resources=resources(db),
         instance=instance,
         partition_key=partition_key,
         op_config=dict(op_config) if op_config else None,
+        run_tags=dict(run_tags) if run_tags else None,
     ) as context:
         outputs = list(op_def(context) if lease is None else op_def(context, lease))
     by_name = {output.output_name: output for output in outputs}

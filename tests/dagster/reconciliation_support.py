@@ -2,16 +2,23 @@
 ticks, and the "coverage is complete and true" check."""
 
 import contextlib
+import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.repository_definition import SINGLETON_REPOSITORY_NAME
+from dagster._core.execution.backfill import BulkActionStatus
+from dagster._core.storage.tags import BACKFILL_ID_TAG
 from dagster._core.test_utils import create_test_daemon_workspace_context
 from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import ModuleTarget
-from sqlalchemy import Engine
+from dagster._daemon.backfill import execute_backfill_iteration
+from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION
+from dagster_graphql.test.utils import execute_dagster_graphql
+from sqlalchemy import Engine, delete, select
 
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.jobs import (
@@ -153,6 +160,27 @@ def assert_coverage_complete(engine: Engine, collections: Sequence[Collection]) 
     )
 
 
+def lose_one_source(engine: Engine, slug: str) -> None:
+    """Delete one source of the collection and its occurrences behind the index's back, so
+    that only a run that really re-reconciles the collection repairs it."""
+    sources, occurrences = schema.sources, schema.occurrences
+    with engine.begin() as connection:
+        key = connection.execute(
+            select(sources.c.source_key)
+            .where(sources.c.collection_slug == slug)
+            .order_by(sources.c.source_key)
+            .limit(1)
+        ).scalar_one()
+        connection.execute(delete(occurrences).where(occurrences.c.source_key == key))
+        connection.execute(delete(sources).where(sources.c.source_key == key))
+    assert index_drift(engine, slug), "the lost source must show as drift"
+
+
+def index_drift(engine: Engine, slug: str) -> list[str]:
+    """The kinds of the differences `verify` finds in the collection's index."""
+    return [difference.kind for difference in verify_index(engine, [slug]).differences]
+
+
 # --- the daemon's view: a real code location ---------------------------------------------------
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -176,3 +204,58 @@ def daemon_workspace(instance: dg.DagsterInstance) -> Iterator[WorkspaceProcessC
 def remote_repository(workspace: WorkspaceProcessContext):
     location = workspace.create_request_context().get_code_location(LOCATION)
     return location.get_repository(SINGLETON_REPOSITORY_NAME)
+
+
+# --- backfills as the UI launches them ---------------------------------------------------------
+
+BACKFILL_SECONDS = 240
+
+
+def launch_partition_backfill(
+    workspace: WorkspaceProcessContext, slugs: Sequence[str], tags: Mapping[str, str]
+) -> str:
+    """The UI backfill dialog's `launchPartitionBackfill` mutation over `slugs` of the
+    reconciliation job, with the run tags the dialog's tags editor adds; its backfill id."""
+    selector = {
+        "partitionSetName": f"{RECONCILIATION_JOB.name}_partition_set",
+        "repositorySelector": {
+            "repositoryLocationName": LOCATION,
+            "repositoryName": SINGLETON_REPOSITORY_NAME,
+        },
+    }
+    params = {
+        "selector": selector,
+        "partitionNames": list(slugs),
+        "tags": [{"key": key, "value": value} for key, value in tags.items()],
+    }
+    result = execute_dagster_graphql(
+        workspace.create_request_context(),
+        LAUNCH_PARTITION_BACKFILL_MUTATION,
+        {"backfillParams": params},
+    )
+    assert not result.errors, result.errors
+    launched = result.data["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    return launched["backfillId"]
+
+
+def backfill_runs(
+    instance: dg.DagsterInstance, workspace: WorkspaceProcessContext, backfill_id: str
+) -> list[dg.DagsterRun]:
+    """Run the backfill daemon's iteration until the backfill is done: it submits the runs,
+    and marks the backfill complete once they have finished (a synchronous launcher has
+    executed each as it was submitted; run workers of other processes are waited for)."""
+    deadline = time.monotonic() + BACKFILL_SECONDS
+    while True:
+        list(execute_backfill_iteration(workspace, logging.getLogger("backfill_daemon")))
+        backfill = instance.get_backfill(backfill_id)
+        if backfill.status is not BulkActionStatus.REQUESTED:
+            break
+        assert time.monotonic() < deadline, f"backfill {backfill_id} still requested"
+        time.sleep(0.5)
+    assert backfill.status in (
+        BulkActionStatus.COMPLETED,
+        BulkActionStatus.COMPLETED_SUCCESS,
+        BulkActionStatus.COMPLETED_FAILED,
+    ), backfill.status
+    return instance.get_runs(filters=dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))

@@ -282,5 +282,7 @@ def test_the_daemon_dequeues_one_run_per_collection_and_a_run_worker_executes_it
         assert start.dagster_event is not None and start.dagster_event.pid != os.getpid()
     assert step_outcomes(run_events(instance, posts)) == COMPLETE_RUN
     assert step_outcomes(run_events(instance, pages)) == COMPLETE_RUN
-    assert step_outcomes(run_events(instance, posts_again)) == {"claim_reconciliation": "completed"}
+    assert step_outcomes(run_events(instance, posts_again)) == {
+        "claim_reconciliation": "already_complete"
+    }
     assert_coverage_complete(db.engine, list(collections.values()))

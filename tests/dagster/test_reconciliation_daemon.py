@@ -140,7 +140,10 @@ def test_a_daemon_tick_launches_one_run_per_due_collection_and_never_a_duplicate
 
     asked = daemon.tick()
     [run] = [daemon.instance.get_run_by_id(run_id) for run_id in asked.run_ids]
-    assert (run.status, run.tags[OUTCOME_TAG]) == (dg.DagsterRunStatus.SUCCESS, "completed")
+    assert (run.status, run.tags[OUTCOME_TAG]) == (
+        dg.DagsterRunStatus.SUCCESS,
+        "already_complete",
+    )
     assert one(engine, schema.reconciliations, collection_id=articles.id)["state"] == "pending"
 
     repeated = daemon.tick()

@@ -9,18 +9,14 @@ ends with the oracle: the stored index equals what extraction computes from the 
 
 import datetime
 import json
-import logging
 import os
 import subprocess
 import sys
 
 import dagster as dg
 import pytest
-from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
-from dagster._core.storage.tags import BACKFILL_ID_TAG
+from dagster._core.execution.backfill import BulkActionStatus
 from dagster._core.test_utils import create_run_for_test
-from dagster._daemon.backfill import execute_backfill_iteration
-from dagster._time import get_current_timestamp
 
 from media_usage_orchestration.local_runner import execute_request
 from media_usage_orchestration.processing.reconciliation import steps
@@ -43,10 +39,11 @@ from tests.dagster.reconciliation_support import (
     RECONCILIATION_OPS,
     activate_with_job,
     assert_coverage_complete,
+    backfill_runs,
     daemon_workspace,
+    launch_partition_backfill,
     outcome_of,
     plain,
-    remote_repository,
     resources,
     run_events,
     run_partition,
@@ -224,15 +221,11 @@ def test_re_execution_from_failure_resumes_the_run_at_its_checkpoint(db, monkeyp
 
 @pytest.mark.slow
 def test_a_backfill_over_two_partitions_reconciles_both(db, monkeypatch):
-    """The operator's backfill as the daemon runs it: a job backfill over two partitions is
-    stored on the instance and the real backfill daemon iteration submits one run per
-    partition through the project's code location (served by a gRPC code server); the
-    synchronous launcher executes each run as it is submitted.
-
-    This is what follows the UI's `launchPartitionBackfill` mutation, which only stores the
-    same backfill record: the daemon is what turns it into runs, so driving the daemon's own
-    iteration covers the part that can go wrong here in seconds, without a webserver and a
-    daemon process."""
+    """The operator's backfill as the UI launches it: the `launchPartitionBackfill` mutation
+    stores a job backfill over two partitions, and the real backfill daemon iteration submits
+    one run per partition through the project's code location (served by a gRPC code
+    server); the synchronous launcher executes each run as it is submitted. Driving the
+    daemon's own iteration covers what a daemon process would do, in seconds."""
     collections = write_collections(db.engine, {"articles": 60, "pages": 60, "posts": 60})
     monkeypatch.setenv(DATABASE_URL_ENV, db.url)
     with dg.instance_for_test(
@@ -241,29 +234,15 @@ def test_a_backfill_over_two_partitions_reconciles_both(db, monkeypatch):
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, SLUGS)
         with daemon_workspace(instance) as workspace:
-            partition_set = remote_repository(workspace).get_partition_set(
-                f"{RECONCILIATION_JOB.name}_partition_set"
+            backfill_id = launch_partition_backfill(
+                workspace, ["articles", "pages"], {"media_usage/requested_by": "operator"}
             )
-            instance.add_backfill(
-                PartitionBackfill(
-                    backfill_id="reconcile_two",
-                    partition_set_origin=partition_set.get_remote_origin(),
-                    status=BulkActionStatus.REQUESTED,
-                    partition_names=["articles", "pages"],
-                    from_failure=False,
-                    reexecution_steps=None,
-                    tags={"media_usage/requested_by": "operator"},
-                    backfill_timestamp=get_current_timestamp(),
-                )
-            )
-            for _ in range(5):
-                list(execute_backfill_iteration(workspace, logging.getLogger("backfill")))
-                backfill = instance.get_backfill("reconcile_two")
-                if backfill.status is not BulkActionStatus.REQUESTED:
-                    break
+            runs = backfill_runs(instance, workspace, backfill_id)
 
-        assert backfill.status in (BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCCESS)
-        runs = instance.get_runs(filters=dg.RunsFilter(tags={BACKFILL_ID_TAG: "reconcile_two"}))
+        assert instance.get_backfill(backfill_id).status in (
+            BulkActionStatus.COMPLETED,
+            BulkActionStatus.COMPLETED_SUCCESS,
+        )
         assert sorted(run.tags[PARTITION_TAG] for run in runs) == ["articles", "pages"]
         for run in runs:
             assert run.status is dg.DagsterRunStatus.SUCCESS

@@ -16,6 +16,7 @@ from media_usage_orchestration.ops.maintenance import (
     sync_collection_partitions,
 )
 from media_usage_orchestration.ops.reconciliation import (
+    FORCE_TAG,
     claim_reconciliation,
     drain_collection_work,
     finalize_coverage,
@@ -43,7 +44,7 @@ from tests.processing.reconciliation_helpers import (
     untrusted_collection,
     work_rows,
 )
-from tests.support import count, db_now, set_status
+from tests.support import count, db_now, set_status, snapshot
 
 GRAPH = (
     claim_reconciliation,
@@ -206,23 +207,56 @@ def test_claim_of_a_waiting_coordinator_is_not_due(db, instance, articles):
     )
 
 
+def _claim_articles(db, instance, **options) -> OpResult:
+    return invoke(claim_reconciliation, db, instance=instance, partition_key="articles", **options)
+
+
 def test_complete_coverage_is_claimed_only_when_forced(db, instance, articles):
     assert run_to_completion(db.engine, articles.id) is ReconciliationOutcome.COMPLETED
 
-    assert_stopped(
-        invoke(claim_reconciliation, db, instance=instance, partition_key="articles"), "completed"
-    )
-    forced = invoke(
-        claim_reconciliation,
-        db,
-        instance=instance,
-        partition_key="articles",
-        op_config={"force": True},
-    )
+    idle = _claim_articles(db, instance)
+    assert_stopped(idle, "already_complete")
+    assert idle.metadata["forced"] is False
+    assert_stopped(_claim_articles(db, instance, run_tags={FORCE_TAG: "false"}), "already_complete")
+    forced = _claim_articles(db, instance, op_config={"force": True})
 
     assert forced.outcome == "claimed"
+    assert forced.metadata["forced"] is True
     assert coverage(db.engine, articles)["reconciliation_required"] == 1
     assert coordinator(db.engine, articles)["lease_token"] == forced.lease.lease_token
+
+
+def test_the_force_tag_is_config_force(db, instance, articles):
+    assert run_to_completion(db.engine, articles.id) is ReconciliationOutcome.COMPLETED
+
+    tagged = _claim_articles(db, instance, run_tags={FORCE_TAG: "true"})
+
+    assert (tagged.outcome, tagged.metadata["forced"]) == ("claimed", True)
+    assert coverage(db.engine, articles)["reconciliation_required"] == 1
+    assert coordinator(db.engine, articles)["lease_token"] == tagged.lease.lease_token
+
+
+@pytest.mark.parametrize(
+    ("tags", "config", "problem"),
+    [
+        ({FORCE_TAG: "yes"}, None, "is not 'true' or 'false'"),
+        ({FORCE_TAG: "True"}, None, "is not 'true' or 'false'"),
+        ({FORCE_TAG: ""}, None, "is not 'true' or 'false'"),
+        ({FORCE_TAG: "false"}, {"force": True}, "contradicts config force: true"),
+    ],
+)
+def test_a_bad_force_tag_fails_the_claim_and_changes_nothing(
+    db, instance, articles, tags, config, problem
+):
+    assert run_to_completion(db.engine, articles.id) is ReconciliationOutcome.COMPLETED
+    before = snapshot(db.engine)
+
+    with pytest.raises(dg.Failure, match=problem) as failure:
+        _claim_articles(db, instance, op_config=config, run_tags=tags)
+
+    assert failure.value.allow_retries is False
+    assert "nothing was changed" in failure.value.description
+    assert snapshot(db.engine) == before
 
 
 def test_claim_fails_fast_on_a_bug_and_leaves_transient_errors_to_the_retry_policy(

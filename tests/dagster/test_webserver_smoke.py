@@ -184,11 +184,15 @@ def _start(dagster_home: Path, env: dict[str, str], stderr_path: Path) -> Webser
 
 
 @contextlib.contextmanager
-def running_webserver(tmp_path: Path, database_url: str) -> Iterator[Webserver]:
-    """A webserver that answers /server_info, stopped with its process group on exit."""
-    dagster_home = tmp_path / "dagster_home"
-    dagster_home.mkdir()
-    (dagster_home / "dagster.yaml").write_text(INSTANCE_YAML)
+def running_webserver(
+    tmp_path: Path, database_url: str, dagster_home: Path | None = None
+) -> Iterator[Webserver]:
+    """A webserver that answers /server_info, stopped with its process group on exit; on a
+    throwaway instance unless `dagster_home` names one."""
+    if dagster_home is None:
+        dagster_home = tmp_path / "dagster_home"
+        dagster_home.mkdir()
+        (dagster_home / "dagster.yaml").write_text(INSTANCE_YAML)
     env = {
         **os.environ,
         DATABASE_URL_ENV: database_url,

@@ -123,7 +123,7 @@ def test_complete_coverage_is_claimed_only_when_forced(db):
     set_status(db.engine, "articles", status="complete", reconciliation_required=0, change_epoch=3)
 
     attempt = claim_collection(db.engine, collection.id)
-    assert attempt.outcome is ReconciliationOutcome.COMPLETED
+    assert attempt.outcome is ReconciliationOutcome.ALREADY_COMPLETE
     assert coordinator(db.engine, collection) is None
 
     forced = claim_collection(db.engine, collection.id, force=True)
@@ -438,7 +438,7 @@ def test_run_to_completion_reconciles_several_collections(db):
     assert count(db.engine, schema.reconciliations) == 0
     assert_no_drift(db)
     assert run_to_completion(db.engine, collections["small"].id) is (
-        ReconciliationOutcome.COMPLETED
+        ReconciliationOutcome.ALREADY_COMPLETE
     )
 
 

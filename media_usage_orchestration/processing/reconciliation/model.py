@@ -26,6 +26,8 @@ class ReconciliationOutcome(StrEnum):
     ADVANCED = "advanced"
     DEFERRED = "deferred"
     COMPLETED = "completed"
+    # Nothing to do: coverage was already complete when the run asked (no forced request).
+    ALREADY_COMPLETE = "already_complete"
     RETRY = "retry"
     FAILED = "failed"
 

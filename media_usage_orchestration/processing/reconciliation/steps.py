@@ -144,7 +144,8 @@ def _unclaimable(repository: ReconciliationRepository, collection_id: str) -> Cl
     record = repository.find_by_collection(collection_id)
     outcome, reason = ReconciliationOutcome.NOT_DUE, "the collection has no media usage status"
     if coverage is not None and coverage.reconciliation_required == 0:
-        outcome, reason = ReconciliationOutcome.COMPLETED, f"coverage is {coverage.status}"
+        outcome = ReconciliationOutcome.ALREADY_COMPLETE
+        reason = f"coverage is {coverage.status}; force re-reconciles it"
     elif coverage is not None and coverage.capture_state != "active":
         reason = f"capture is {coverage.capture_state or 'not installed'} for this collection"
     elif coverage is not None and record is None:
