@@ -1,9 +1,12 @@
-"""The one Dagster `Definitions` object of the project."""
+"""The project's Dagster definitions: `defs` (everything but the per-collection coverage
+history assets, for code that imports it) and `media_usage_definitions`, what the code location
+loads: `defs` with those assets."""
 
 import dagster as dg
 
 from . import jobs, schedules, sensors
 from .ops.coverage import coverage_complete, media_usage_index
+from .ops.coverage_history import with_coverage_history
 from .ops.media_library import media_usage_media_library
 from .ops.projection_gc import media_usage_projection_cleanup
 from .resources.automation import MediaUsageAutomation
@@ -35,3 +38,10 @@ defs = dg.Definitions(
     resources={"database": MediaUsageDatabase(), "automation": MediaUsageAutomation()},
     executor=dg.in_process_executor,
 )
+
+
+@dg.definitions
+def media_usage_definitions() -> dg.Definitions:
+    """What the code location loads (Dagster prefers this to `defs`): `defs` with one coverage
+    history asset per live collection, read from the registry once per load."""
+    return with_coverage_history(defs, MediaUsageDatabase())

@@ -10,7 +10,8 @@ now, once, and records it twice:
   newer observation, so the page equals the status only if every change is one;
 - the partition's `coverage_complete` evaluation: it fails (severity ERROR) unless coverage is
   complete with no failed and no stuck work, with the counts and error codes as metadata.
-A collection's deletion removes its partition.
+A collection's deletion removes its partition. The partition's materialization is also
+logged on the collection's own asset `media_usage_coverage/<slug>` (`coverage_history.py`).
 """
 
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from ..resources.database import MediaUsageDatabase
 from ..store.coverage import CollectionCoverage, read_collection_coverage
 from ..store.engine import Engine
 from ..store.registry import read_collection_id
+from .coverage_history import coverage_history_key
 
 MEDIA_USAGE_INDEX = dg.AssetKey("media_usage_index")
 COVERAGE_CHECK = "coverage_complete"
@@ -68,6 +70,10 @@ def record_coverage(
     _ensure_partition(context, slug)
     context.log_event(
         dg.AssetMaterialization(asset_key=MEDIA_USAGE_INDEX, partition=slug, metadata=metadata)
+    )
+    # The same numbers on the collection's own asset, whose Plots show them over time.
+    context.log_event(
+        dg.AssetMaterialization(asset_key=coverage_history_key(slug), metadata=metadata)
     )
     # An op invoked directly (outside any run) stores nothing and cannot log a check evaluation.
     if not isinstance(context, BaseDirectExecutionContext):

@@ -9,11 +9,26 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from sqlalchemy import Connection, Engine, func, inspect, select
+from sqlalchemy import Connection, Engine, exists, func, inspect, select
+from sqlalchemy.exc import SQLAlchemyError
 
-from .engine import read_transaction
+from .engine import (
+    create_database_engine,
+    database_error_message,
+    normalize_url,
+    read_transaction,
+    scrubbed,
+)
 from .identifiers import validate_identifier
-from .schema import collections
+from .schema import collection_deletions, collections
+
+# How long a load of the registry waits for PostgreSQL before it does without.
+REGISTRY_CONNECT_TIMEOUT_SECONDS = 5
+
+
+class RegistryUnreadable(Exception):
+    """The registry could not be read: no database, no schema, a driver missing, a bad URL.
+    The message is safe to show (no password)."""
 
 
 class RegisteredCollection(NamedTuple):
@@ -59,6 +74,18 @@ def list_collection_slugs(connection: Connection) -> list[str]:
     )
 
 
+def list_live_collection_slugs(connection: Connection) -> list[str]:
+    """Registered slugs no deletion tombstone holds, in order (no registry table: none)."""
+    tables = inspect(connection)
+    if not tables.has_table(collections.name):
+        return []
+    statement = select(collections.c.slug).order_by(collections.c.slug)
+    if tables.has_table(collection_deletions.name):
+        tombstoned = exists().where(collection_deletions.c.collection_slug == collections.c.slug)
+        statement = statement.where(~tombstoned)
+    return list(connection.execute(statement).scalars())
+
+
 def holds_collections(connection: Connection) -> bool:
     """The database has a registry with at least one collection (no registry table: none)."""
     if not inspect(connection).has_table(collections.name):
@@ -83,3 +110,24 @@ def read_collection_identity_exists(engine: Engine, collection_id: str, slug: st
 def read_collection_slugs(engine: Engine) -> list[str]:
     with read_transaction(engine) as connection:
         return list_collection_slugs(connection)
+
+
+def read_live_collection_slugs_at(url: str) -> list[str]:
+    """The live slugs of the database at `url`, read once through a read-only engine of its
+    own (a missing SQLite file is not created); RegistryUnreadable when it cannot be read."""
+    try:
+        options = {}
+        if normalize_url(url).get_backend_name() == "postgresql":
+            options["connect_args"] = {"connect_timeout": REGISTRY_CONNECT_TIMEOUT_SECONDS}
+        engine = create_database_engine(url, read_only=True, **options)
+    except (ValueError, ImportError, SQLAlchemyError) as error:
+        raise RegistryUnreadable(scrubbed(str(error), url)) from None
+    try:
+        with read_transaction(engine) as connection:
+            return list_live_collection_slugs(connection)
+    except SQLAlchemyError as error:
+        raise RegistryUnreadable(scrubbed(database_error_message(error), url)) from None
+    except (ValueError, ImportError, OSError) as error:
+        raise RegistryUnreadable(scrubbed(str(error), url)) from None
+    finally:
+        engine.dispose()

@@ -1,0 +1,168 @@
+"""Coverage history: the code location declares one asset `media_usage_coverage/<slug>` per
+live collection, read from the registry when it loads (never by run workers), and every
+recorded coverage materializes it with the numbers of the collection's partition."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.code_pointer import CodePointer
+from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext
+from dagster._core.definitions.reconstruct import (
+    initialize_repository_def_from_pointer,
+    reconstruct_repository_def_from_pointer,
+)
+
+from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.ops import coverage_history
+from media_usage_orchestration.ops.coverage import MEDIA_USAGE_INDEX
+from media_usage_orchestration.ops.coverage_history import (
+    COVERAGE_HISTORY_GROUP,
+    coverage_history_key,
+)
+from media_usage_orchestration.store.deletions import DeletionRepository
+from media_usage_orchestration.store.engine import DATABASE_URL_ENV
+from media_usage_orchestration.store.registry import (
+    RegistryUnreadable,
+    read_live_collection_slugs_at,
+)
+from tests.dagster.reconciliation_support import (
+    PARTITIONS,
+    activate_with_job,
+    run_partition,
+    write_collections,
+)
+from tests.dagster.sensor_loop import plain
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+LOCATION = CodePointer.from_module(
+    "media_usage_orchestration.definitions", "media_usage_definitions", str(PROJECT_ROOT)
+)
+BASE_KEYS = set(defs.resolve_asset_graph().get_all_asset_keys())
+
+
+@pytest.fixture(autouse=True)
+def _restore_load_context() -> Iterator[None]:
+    # Loading a code location installs a process-wide DefinitionsLoadContext.
+    previous = DefinitionsLoadContext._instance
+    yield
+    DefinitionsLoadContext._instance = previous
+
+
+def _load(monkeypatch, url: str):
+    """The code location as the code server loads it, with the database at `url`."""
+    monkeypatch.setenv(DATABASE_URL_ENV, url)
+    return initialize_repository_def_from_pointer(LOCATION)
+
+
+def _history_keys(repository) -> set[dg.AssetKey]:
+    return set(repository.asset_graph.get_all_asset_keys()) - BASE_KEYS
+
+
+def _unreadable(url: str):
+    raise AssertionError(f"the registry was read at {url}")
+
+
+def test_the_location_declares_one_asset_per_live_collection(db, monkeypatch):
+    collections = write_collections(db.engine, {"alpha": 1, "beta": 1, "gamma": 1})
+    DeletionRepository(db.engine).create_tombstone(collections["gamma"].id, "gamma", True)
+
+    repository = _load(monkeypatch, db.url)
+
+    assert _history_keys(repository) == {
+        coverage_history_key("alpha"),
+        coverage_history_key("beta"),
+    }
+    assert set(repository.asset_graph.get_all_asset_keys()) >= BASE_KEYS
+    alpha = repository.asset_graph.get(coverage_history_key("alpha"))
+    assert (alpha.group_name, alpha.partitions_def) == (COVERAGE_HISTORY_GROUP, None)
+    assert "entries" in alpha.description and "duration_seconds" in alpha.description
+    # Every job of `defs` still loads unchanged.
+    assert {job.name for job in repository.get_all_jobs()} >= {
+        job.name for job in defs.resolve_all_job_defs()
+    }
+
+
+def test_without_a_schema_the_location_loads_the_base_definitions(empty_db, monkeypatch):
+    with empty_db.engine.connect():  # the database exists (a SQLite file), with no tables
+        pass
+    assert read_live_collection_slugs_at(empty_db.url) == []
+
+    repository = _load(monkeypatch, empty_db.url)
+
+    assert set(repository.asset_graph.get_all_asset_keys()) == BASE_KEYS
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://nobody@127.0.0.1:1/none",  # nothing listens on port 1
+        "mysql://nobody@localhost/none",  # a driver the project refuses
+    ],
+)
+def test_an_unreachable_database_loads_the_base_definitions(monkeypatch, url, tmp_path, caplog):
+    with pytest.raises(RegistryUnreadable):
+        read_live_collection_slugs_at(url)
+    assert set(_load(monkeypatch, url).asset_graph.get_all_asset_keys()) == BASE_KEYS
+    assert "no coverage history assets: the registry is unreadable" in caplog.text
+    missing_file = f"sqlite:///{tmp_path / 'absent.db'}"
+    assert set(_load(monkeypatch, missing_file).asset_graph.get_all_asset_keys()) == BASE_KEYS
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_run_workers_rebuild_the_assets_without_reading_the_database(db, monkeypatch):
+    write_collections(db.engine, {"alpha": 1, "beta": 1})
+    loaded = _load(monkeypatch, db.url)
+    monkeypatch.setattr(coverage_history, "read_live_collection_slugs_at", _unreadable)
+
+    rebuilt = reconstruct_repository_def_from_pointer(LOCATION, loaded.repository_load_data)
+
+    assert (
+        _history_keys(rebuilt)
+        == _history_keys(loaded)
+        == {
+            coverage_history_key("alpha"),
+            coverage_history_key("beta"),
+        }
+    )
+
+
+def test_a_reload_drops_a_deleted_collection(db, monkeypatch):
+    write_collections(db.engine, {"alpha": 1, "beta": 1})
+    assert coverage_history_key("beta") in _history_keys(_load(monkeypatch, db.url))
+    with db.engine.begin() as connection:
+        connection.exec_driver_sql("DELETE FROM _emdash_collections WHERE slug = 'beta'")
+
+    assert _history_keys(_load(monkeypatch, db.url)) == {coverage_history_key("alpha")}
+
+
+def test_a_reconciliation_materializes_the_collection_history_like_its_partition(db):
+    write_collections(db.engine, {"articles": 12, "pages": 5})
+    with dg.instance_for_test() as instance:
+        activate_with_job(db, instance)
+        instance.add_dynamic_partitions(PARTITIONS, ["articles", "pages"])
+        assert run_partition(db, instance, "articles").success
+
+        partition = _metadata(instance, MEDIA_USAGE_INDEX, "articles")
+        history = _metadata(instance, coverage_history_key("articles"))
+        pages = _metadata(instance, coverage_history_key("pages"))
+
+    # Activation and the reconciliation each recorded the collection once, on both assets.
+    assert len(history) == len(partition) == 2
+    assert history == partition
+    assert len(pages) == 1
+    latest = history[-1]
+    assert (latest["coverage"], latest["entries"], latest["sources"]) == ("complete", 12, 12)
+    for name in ("occurrences", "pending_work", "failed_work", "stuck_work"):
+        assert isinstance(latest[name], int)
+    assert latest["duration_seconds"] >= 0
+
+
+def _metadata(instance, key: dg.AssetKey, partition: str | None = None) -> list[dict]:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None),
+        limit=100,
+        ascending=True,
+    ).records
+    return [plain(record.asset_materialization.metadata) for record in records]
