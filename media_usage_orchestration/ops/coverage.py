@@ -146,10 +146,14 @@ def record_collection_by_slug(
 
 def forget_deleted_collection(context: dg.OpExecutionContext, engine: Engine, slug: str) -> bool:
     """Once the registry has no collection `slug`, remove its partition, so the asset's
-    partition views and the check's partitions no longer show it. True when it was removed."""
+    partition views and the check's partitions no longer show it, and wipe its coverage
+    history asset. True when the partition was removed."""
     instance = context.instance
     if read_collection_id(engine, slug) is not None:
         return False
+    # The catalog lists every key with stored events, defined or not: wiped, the asset's key
+    # leaves it once the code location reloads without it.
+    instance.wipe_assets([coverage_history_key(slug)])
     if not instance.has_dynamic_partition(media_usage_collections.name, slug):
         return False
     instance.delete_dynamic_partition(media_usage_collections.name, slug)

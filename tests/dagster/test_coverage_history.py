@@ -33,7 +33,7 @@ from tests.dagster.reconciliation_support import (
     run_partition,
     write_collections,
 )
-from tests.dagster.sensor_loop import plain
+from tests.dagster.sensor_loop import plain, resources
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LOCATION = CodePointer.from_module(
@@ -166,3 +166,24 @@ def _metadata(instance, key: dg.AssetKey, partition: str | None = None) -> list[
         ascending=True,
     ).records
     return [plain(record.asset_materialization.metadata) for record in records]
+
+
+def test_a_deletion_request_wipes_the_collection_history_only(db):
+    write_collections(db.engine, {"articles": 3, "pages": 3})
+    request = defs.resolve_job_def("request_collection_deletion")
+    with dg.instance_for_test() as instance:
+        activate_with_job(db, instance)
+        assert _metadata(instance, coverage_history_key("pages"))
+
+        result = request.execute_in_process(
+            instance=instance,
+            resources=resources(db),
+            run_config={
+                "ops": {"request_deletion": {"config": {"collection": "pages", "force": True}}}
+            },
+        )
+
+        assert result.success
+        # The catalog lists keys with stored events: the deleted collection's has none left.
+        assert coverage_history_key("pages") not in instance.all_asset_keys()
+        assert len(_metadata(instance, coverage_history_key("articles"))) == 1
