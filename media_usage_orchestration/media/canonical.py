@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from decimal import Decimal
-from json.encoder import c_make_encoder
 from json.encoder import encode_basestring as _c_encode_basestring
 from typing import Any
 
@@ -54,8 +52,8 @@ def canonical_json(value: Any) -> str:
 
 
 def reference_canonical_json(value: Any) -> str:
-    """`canonical_json` without the C-encoded fast path: every byte spelled out here. The
-    fast path must agree with it on every value (the differential tests hold them equal)."""
+    """`canonical_json` with every string escaped here rather than by the C escaper that
+    `canonical_json` uses for ASCII text; the differential tests hold the two equal."""
     return _dump(value, fast=False)
 
 
@@ -115,19 +113,11 @@ def _dump(value: Any, fast: bool = True) -> str:
     if isinstance(value, Mapping):
         return _dump_object(value, fast)
     if isinstance(value, list | tuple):
-        if fast:
-            text = _flat_array_text(value)
-            if text is not None:
-                return text
         return "[" + ",".join([_dump(item, fast) for item in value]) + "]"
     raise TypeError(f"Cannot canonicalize {type(value).__name__}")
 
 
 def _dump_object(value: Mapping, fast: bool = True) -> str:
-    if fast:
-        text = _flat_object_text(value)
-        if text is not None:
-            return text
     members = []
     for key, prefix in _member_prefixes(tuple(value)):
         item = value[key]
@@ -139,77 +129,6 @@ def _dump_object(value: Mapping, fast: bool = True) -> str:
         else:
             members.append(prefix + _dump(item, fast))
     return "{" + ",".join(members) + "}"
-
-
-# --- the C-encoded fast path ------------------------------------------------------------------
-#
-# Python's C encoder with these settings writes exactly EmDash's bytes for one subset: exact
-# `str` (neither a subclass, whose text may be `CanonicalText`, nor one holding a surrogate code
-# point, which JS escapes or joins), `None`, `bool` and exact `int` within +-(2**53 - 1) (larger
-# ones print as the nearest double in JS), in arrays and in objects whose keys are already in
-# output order. Floats are left out: `repr` and `Number.prototype.toString` disagree (`1.0`,
-# `1e-07`). A flat object or array of such scalars is encoded in one C call; anything else goes
-# the spelled-out way.
-_PLAIN_TYPES = frozenset({str, bool, type(None), int})
-
-
-def _refuse(value: Any) -> Any:
-    raise TypeError(f"Cannot canonicalize {type(value).__name__}")
-
-
-if c_make_encoder is not None:  # CPython's `_json`: one C call per value, no per-call set-up
-    _C_ITEMS = c_make_encoder(
-        None, _refuse, _c_encode_basestring, None, ":", ",", False, False, False
-    )
-
-    def _c_encode(value: Any) -> str:
-        return "".join(_C_ITEMS(value, 0))
-
-else:  # pragma: no cover - an interpreter without `_json`
-    _c_encode = json.JSONEncoder(
-        ensure_ascii=False, separators=(",", ":"), check_circular=False, allow_nan=False
-    ).encode
-
-
-@functools.lru_cache(maxsize=1024)
-def _output_order(keys: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(key for key, _ in _member_prefixes(keys))
-
-
-def _plain(items: Iterable[Any]) -> bool:
-    """Only exact `str`, `bool`, `None` and safe `int` (the types checked in C)."""
-    types = set(map(type, items))
-    if not types <= _PLAIN_TYPES:
-        return False
-    return int not in types or all(
-        -_MAX_SAFE_INTEGER <= item <= _MAX_SAFE_INTEGER for item in items if type(item) is int
-    )
-
-
-def _flat_object_text(value: Mapping) -> str | None:
-    keys = tuple(value)
-    ordered = _output_order(keys)
-    # A payload built in output order (as the fingerprint payloads are) is encoded as it is.
-    if ordered == keys and type(value) is dict:
-        candidate = value
-    else:
-        candidate = {key: value[key] for key in ordered}
-    if not _plain(candidate.values()):
-        return None
-    return _without_surrogates(_c_encode(candidate))
-
-
-def _flat_array_text(value: list | tuple) -> str | None:
-    if not _plain(value):
-        return None
-    return _without_surrogates(_c_encode(value))
-
-
-def _without_surrogates(text: str) -> str | None:
-    """The C text, unless a key or value held a surrogate code point (then None)."""
-    if text.isascii() or _LONE_SURROGATE_RE.search(text) is None:
-        return text
-    return None
 
 
 @functools.lru_cache(maxsize=1024)

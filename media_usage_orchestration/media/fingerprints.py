@@ -79,7 +79,7 @@ def extraction_schema(fields: Sequence[ExtractionField]) -> list[dict[str, Any]]
 
 
 def _source_payload(source: ContentSource, source_completeness: str) -> dict[str, Any]:
-    # Keys in output order (code units), so the payload is encoded as built.
+    # Keys listed in output order (code units), as `canonical_json` writes them.
     return {
         "collectionSlug": source.collection_slug,
         "contentDeletedAt": source.content_deleted_at,
@@ -114,7 +114,7 @@ def _sorted_occurrence_texts(occurrences: Iterable[MediaOccurrence]) -> list[Can
 
 
 def _occurrence_payload(occurrence: MediaOccurrence) -> dict[str, Any]:
-    # Keys in output order (code units), so the payload is encoded as built.
+    # Keys listed in output order (code units), as `canonical_json` writes them.
     return {
         "fieldPath": occurrence.field_path,
         "fieldSlug": occurrence.field_slug,

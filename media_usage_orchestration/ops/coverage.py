@@ -291,6 +291,9 @@ def _metadata_values(values: Mapping[str, str | int]) -> dict[str, dg.MetadataVa
 def _ensure_partition(context: dg.OpExecutionContext, slug: str) -> None:
     # The sensors and the maintenance job keep partitions equal to the registry; a work run
     # may project a collection created since, and its event needs the partition to exist.
+    # A run of the slug's own partition (reconciliation) exists only because it does.
+    if context.has_partition_key and context.partition_key == slug:
+        return
     instance = context.instance
     if not instance.has_dynamic_partition(media_usage_collections.name, slug):
         instance.add_dynamic_partitions(media_usage_collections.name, [slug])

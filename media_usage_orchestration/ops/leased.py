@@ -81,8 +81,18 @@ def is_reexecution(context: dg.OpExecutionContext) -> bool:
 
     A run the run-retry daemon launched (it tags it with the retry number) may not: reopening
     there would reset the attempt count and skip the recorded backoff on every retry."""
-    run = context.instance.get_run_by_id(context.run_id)
+    run = launched_run(context)
     return run is not None and run.parent_run_id is not None and AUTOMATIC_RETRY_TAG not in run.tags
+
+
+def launched_run(context: dg.OpExecutionContext) -> dg.DagsterRun | None:
+    """The run as it was launched (its parent and launch tags), without a storage read in a
+    real run; a directly invoked op has none of its own, so the instance is asked (it may hold
+    one stored under the context's run id)."""
+    try:
+        return context.run
+    except dg.DagsterError:  # direct invocation: no run on the context
+        return context.instance.get_run_by_id(context.run_id)
 
 
 def ensure_lease(
@@ -140,7 +150,10 @@ def emit(context: dg.OpExecutionContext, report: StepReport) -> Iterator[dg.Outp
 
 
 def _tag_run(context: dg.OpExecutionContext, outcome: str) -> None:
-    _add_run_tags(context, {OUTCOME_TAG: outcome})
+    # Every op's outcome is news (the previous op's differs, or a re-execution copied its
+    # parent's), so it is written without first reading the stored tags.
+    if launched_run(context) is not None:
+        context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: outcome})
 
 
 def tag_run_outcome(context: dg.OpExecutionContext, outcome: str) -> None:
@@ -157,14 +170,11 @@ def tag_run_collection(context: dg.OpExecutionContext, slug: str | None) -> None
         validate_identifier(slug, "collection slug")
     except InvalidIdentifierError:
         return
-    _add_run_tags(context, {COLLECTION_TAG: slug})
-
-
-def _add_run_tags(context: dg.OpExecutionContext, tags: Mapping[str, str]) -> None:
-    # Direct invocation (build_op_context) has no stored run to tag.
-    run = context.instance.get_run_by_id(context.run_id)
-    if run is not None and any(run.tags.get(key) != value for key, value in tags.items()):
-        context.instance.add_run_tags(context.run_id, dict(tags))
+    # The slug never changes within a run: a run launched with it (every sensor run) needs no
+    # write. Direct invocation without a stored run has nothing to tag.
+    run = launched_run(context)
+    if run is not None and run.tags.get(COLLECTION_TAG) != slug:
+        context.instance.add_run_tags(context.run_id, {COLLECTION_TAG: slug})
 
 
 def leased_outs(lease_type: type) -> dict[str, dg.Out]:

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import dagster as dg
 from pydantic import PrivateAttr
 from sqlalchemy import Engine
 
 from ..store.engine import create_database_engine, default_database_url, redacted_url
+
+# Sensor and schedule ticks run every few seconds in one long-lived process (the code server)
+# and initialize the resource afresh each time: they share one engine per URL, so a tick
+# reuses a pooled connection and SQLAlchemy's compiled statements instead of connecting and
+# compiling its probes again. Runs keep an engine of their own for the run's lifetime.
+MAX_SHARED_ENGINES = 4
+_shared_engines: OrderedDict[str, Engine] = OrderedDict()
+_shared_engines_lock = threading.Lock()
+
+
+def shared_engine(url: str) -> Engine:
+    """The process's engine for `url`; the least recently used beyond `MAX_SHARED_ENGINES`
+    is disposed (it stays usable, reconnecting on its next use)."""
+    with _shared_engines_lock:
+        engine = _shared_engines.pop(url, None) or create_database_engine(url)
+        _shared_engines[url] = engine
+        while len(_shared_engines) > MAX_SHARED_ENGINES:
+            _, evicted = _shared_engines.popitem(last=False)
+            evicted.dispose()
+        return engine
 
 
 class MediaUsageDatabase(dg.ConfigurableResource):
@@ -22,6 +45,7 @@ class MediaUsageDatabase(dg.ConfigurableResource):
 
     _url: str | None = PrivateAttr(default=None)
     _engine: Engine | None = PrivateAttr(default=None)
+    _owns_engine: bool = PrivateAttr(default=False)
 
     @classmethod
     def for_url(cls, url: str) -> MediaUsageDatabase:
@@ -38,12 +62,17 @@ class MediaUsageDatabase(dg.ConfigurableResource):
         return rebuilt
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        if context.run is None:  # a sensor or schedule tick (or an op invoked directly)
+            self._engine = shared_engine(self.resolved_url())
+            return
         self._engine = create_database_engine(self.resolved_url())
+        self._owns_engine = True
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        if self._engine is not None:
+        if self._engine is not None and self._owns_engine:
             self._engine.dispose()
-            self._engine = None
+        self._engine = None
+        self._owns_engine = False
 
     def resolved_url(self) -> str:
         return self._url or default_database_url()

@@ -53,6 +53,7 @@ COLLECTION_TAG = "media_usage/collection"
 OUTCOME_TAG = "media_usage/outcome"
 PARTITION_TAG = "dagster/partition"
 FAILED_CODE = "MEDIA_USAGE_RECONCILIATION_FAILED"
+RESOURCE_LIMIT = "MEDIA_USAGE_RESOURCE_LIMIT"
 
 
 # --- content -----------------------------------------------------------------------------------
@@ -67,6 +68,15 @@ def write_collections(engine: Engine, sizes: Mapping[str, int]) -> dict[str, Col
         collections[slug] = writer.create_collection(slug, MEDIA_FIELDS)
         writer.insert_entries(slug, sample_entries(slug[:3], size))
     return collections
+
+
+def oversized_entry(content_id: str) -> dict:
+    """13 portable text images: more than one claim may project, a terminal resource limit."""
+    body = [
+        {"_type": "image", "_key": f"b{i}", "asset": {"_ref": f"{content_id}-{i}"}}
+        for i in range(13)
+    ]
+    return {"id": content_id, "slug": content_id, "status": "published", "body": body}
 
 
 def activate_with_job(db, instance: dg.DagsterInstance) -> None:

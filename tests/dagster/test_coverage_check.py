@@ -17,7 +17,9 @@ from media_usage_orchestration.store.work import WorkRepository
 from tests.dagster.reconciliation_support import (
     OUTCOME_TAG,
     PARTITIONS,
+    RESOURCE_LIMIT,
     activate_with_job,
+    oversized_entry,
     run_partition,
     write_collections,
 )
@@ -25,7 +27,6 @@ from tests.dagster.sensor_loop import plain, resources
 from tests.support import backdate
 
 CHECK_KEY = dg.AssetCheckKey(MEDIA_USAGE_INDEX, COVERAGE_CHECK)
-RESOURCE_LIMIT = "MEDIA_USAGE_RESOURCE_LIMIT"
 # The numbers the asset page and `media-usage status` both show.
 SHOWN = (
     "entries",
@@ -85,15 +86,6 @@ def assert_page_equals_status(db, instance: dg.DagsterInstance, slug: str) -> bo
     return check.passed
 
 
-def _oversized_entry(content_id: str) -> dict:
-    """13 portable text images: more than one claim may project, a terminal resource limit."""
-    body = [
-        {"_type": "image", "_key": f"b{i}", "asset": {"_ref": f"{content_id}-{i}"}}
-        for i in range(13)
-    ]
-    return {"id": content_id, "slug": content_id, "status": "published", "body": body}
-
-
 def test_the_asset_page_equals_status_after_every_kind_of_run(db):
     write_collections(db.engine, {"articles": 12, "pages": 8})
     writer = CmsWriter(db.engine)
@@ -116,7 +108,7 @@ def test_the_asset_page_equals_status_after_every_kind_of_run(db):
 
         # Work: one entry projected, one failing for good on the resource limit.
         writer.update_entry("articles", sample_entry("art", 1)["id"], {"title": "edited"})
-        writer.insert_entry("pages", _oversized_entry("oversized"))
+        writer.insert_entry("pages", oversized_entry("oversized"))
         work = _job("media_usage_work").execute_in_process(
             instance=instance, resources=resources(db)
         )

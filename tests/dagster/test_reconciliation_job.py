@@ -112,14 +112,12 @@ def test_the_sensor_path_reaches_complete_coverage(db):
             for data in drained.ticks_of(sensor)
         ]
 
-        # The first tick only adds the partitions: a run needs its partition to exist.
-        assert [(added, len(requests)) for added, requests, _ in ticks] == [
-            (SLUGS, 0),
-            ([], 3),
-            ([], 0),
-        ]
+        # The activation run recorded each collection's coverage, which added its partition,
+        # so the first tick asks for the runs at once.
+        assert sorted(instance.get_dynamic_partitions(PARTITIONS)) == SLUGS
+        assert [(added, len(requests)) for added, requests, _ in ticks] == [([], 3), ([], 0)]
         assert ticks[-1][2] == "no collection needs a reconciliation run now"
-        requests = ticks[1][1]
+        requests = ticks[0][1]
         assert sorted(request.partition_key for request in requests) == SLUGS
         for request in requests:
             collection = collections[request.partition_key]
@@ -261,7 +259,10 @@ def test_the_maintenance_schedule_runs_the_job_that_settles_seeds_and_syncs(db):
     collections = write_collections(db.engine, {"articles": 3, "pages": 3})
     with dg.instance_for_test() as instance:
         activate_with_job(db, instance)
-        instance.add_dynamic_partitions(PARTITIONS, ["pages", "deleted_long_ago"])
+        # Activation added both partitions; the registry and the partitions then drift apart:
+        # one collection lost its partition, and one partition outlived its collection.
+        instance.delete_dynamic_partition(PARTITIONS, "articles")
+        instance.add_dynamic_partitions(PARTITIONS, ["deleted_long_ago"])
         scheduled = datetime.datetime(2026, 11, 30, 4, 2, tzinfo=datetime.UTC)
         with dg.build_schedule_context(
             instance=instance, scheduled_execution_time=scheduled, resources=resources(db)

@@ -42,10 +42,12 @@ from tests.dagster.reconciliation_support import (
     COMPLETE_RUN,
     OUTCOME_TAG,
     RECONCILIATION_JOB,
-    assert_coverage_complete,
+    RESOURCE_LIMIT,
     backfill_runs,
     daemon_workspace,
+    index_drift,
     lose_one_source,
+    oversized_entry,
     run_events,
     step_outcomes,
 )
@@ -129,28 +131,27 @@ def test_a_demo_run_is_on_its_jobs_runs_tab_and_re_execute_all_succeeds(ui):
 # --- (b) an item failed for good fails the coverage check ------------------------------------
 
 
-def _oversized_entry(content_id: str) -> dict:
-    """13 portable text images: more than one claim may project, a terminal resource limit."""
-    body = [
-        {"_type": "image", "_key": f"b{i}", "asset": {"_ref": f"{content_id}-{i}"}}
-        for i in range(13)
-    ]
-    return {"id": content_id, "slug": content_id, "status": "published", "body": body}
-
-
 def test_an_item_failed_for_good_shows_the_coverage_check_failed_on_the_checks_tab(ui):
-    CmsWriter(ui.engine).insert_entry("pages", _oversized_entry("oversized"))
+    CmsWriter(ui.engine).insert_entry("pages", oversized_entry("oversized"))
     work = ui.wait_for_run(ui.webserver.submit_job_execution(WORK_JOB))
     assert work.status is dg.DagsterRunStatus.SUCCESS, ui.webserver.stderr_tail()
-    assert status_row(ui.engine, "pages")["status"] == "complete"
+    assert status_row(ui.engine, "pages")["status"] != "complete"
 
     with ui.page("b_checks_tab") as page:
-        page.goto(ui.url("/assets/media_usage_index?view=checks&partition=pages"))
-        check = page.get_by_role("row").filter(has_text="coverage_complete")
-        expect(check).to_contain_text("Failed")
-        check.get_by_text("coverage_complete").click()
-        expect(page.get_by_text("pages").first).to_be_visible()
-        expect(page.get_by_text("MEDIA_USAGE_RESOURCE_LIMIT").first).to_be_visible()
+        page.goto(ui.url("/assets/media_usage_index?view=checks"))
+        expect(page.get_by_text("Latest execution")).to_be_visible()
+        # The latest evaluation: the work run's, for `pages`, failed with the item's code.
+        expect(_field(page, "Evaluation result")).to_contain_text("Failed")
+        expect(_field(page, "Partition")).to_contain_text("pages")
+        expect(_field(page, "Timestamp").locator("a")).to_have_attribute(
+            "href", re.compile(f"^/runs/{work.run_id}")
+        )
+        expect(page.get_by_text(f"failed work item(s): {RESOURCE_LIMIT}: 1")).to_be_visible()
+
+
+def _field(page: Page, label: str):
+    """A labelled field of the check's latest execution (the label and its value)."""
+    return page.locator(f"xpath=//span[normalize-space()='{label}']/..").first
 
 
 # --- (c) a forced backfill from the dialog ---------------------------------------------------
@@ -211,8 +212,10 @@ def test_a_forced_backfill_from_the_dialog_re_reconciles_a_complete_collection(u
     assert (run.tags[BACKFILL_ID_TAG], run.tags[FORCE_TAG]) == (backfill.backfill_id, "true")
     assert step_outcomes(run_events(ui.instance, run.run_id)) == COMPLETE_RUN
     # Re-reconciled: a new epoch, and the source lost behind the index's back is back.
-    assert status_row(ui.engine, "articles")["change_epoch"] > epoch
-    assert_coverage_complete(ui.engine, [CmsWriter(ui.engine).collection("articles")])
+    status = status_row(ui.engine, "articles")
+    assert (status["status"], status["reconciliation_required"]) == ("complete", 0)
+    assert status["change_epoch"] > epoch
+    assert index_drift(ui.engine, "articles") == []
 
 
 # --- (d) every run of a collection through the tag filter -------------------------------------
