@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -35,6 +36,14 @@ _SHORT_ESCAPES = {
     "\r": "\\r",
     "\t": "\\t",
 }
+
+
+# Python's C encoder prints what `JSON.stringify` does for objects whose keys are already in
+# output order and whose values are plain (see `_is_plain`): the same escapes, lowercase hex,
+# non-ASCII raw. It differs only for lone surrogates, floats and unsafe integers, never plain.
+_encode_plain_object = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), check_circular=False, allow_nan=False
+).encode
 
 
 class CanonicalText(str):
@@ -118,8 +127,16 @@ def _dump(value: Any, fast: bool = True) -> str:
 
 
 def _dump_object(value: Mapping, fast: bool = True) -> str:
+    keys = tuple(value)
+    if (
+        fast
+        and type(value) is dict
+        and _in_output_order(keys)
+        and all(map(_is_plain, value.values()))
+    ):
+        return _encode_plain_object(value)
     members = []
-    for key, prefix in _member_prefixes(tuple(value)):
+    for key, prefix in _member_prefixes(keys):
         item = value[key]
         # Fingerprint payloads are mostly flat text and nulls: spare those a call.
         if type(item) is str:
@@ -135,12 +152,31 @@ def _dump_object(value: Mapping, fast: bool = True) -> str:
 def _member_prefixes(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """Each key with its `"key":` text, in output order. The order depends only on the keys,
     and fingerprint payloads repeat a few key sets, so both are computed once per key set."""
-    return tuple((key, _reference_js_string(key) + ":") for key in _object_key_order(keys))
+    return tuple((key, _reference_js_string(key) + ":") for key in canonical_key_order(keys))
 
 
-def _object_key_order(keys: tuple) -> list[str]:
-    """Keys sorted by code units, then re-enumerated as a JS object does: EmDash rebuilds the
-    object in sorted order, and `JSON.stringify` still lists array-index keys first."""
+@functools.lru_cache(maxsize=1024)
+def _in_output_order(keys: tuple[str, ...]) -> bool:
+    """Whether a dict's own order is already the order `canonical_json` writes its keys in
+    (fingerprint payloads are built that way), with keys the C encoder prints exactly."""
+    return tuple(canonical_key_order(keys)) == keys and all(map(_is_plain, keys))
+
+
+def _is_plain(value: Any) -> bool:
+    """Text without surrogates, null, a boolean or a safe integer: what the C encoder prints
+    exactly as `JSON.stringify` does."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or _LONE_SURROGATE_RE.search(value) is None
+    if kind is int:
+        return -_MAX_SAFE_INTEGER <= value <= _MAX_SAFE_INTEGER
+    return value is None or kind is bool
+
+
+def canonical_key_order(keys: tuple) -> list[str]:
+    """The order `canonical_json` writes an object's keys in: sorted by code units, then
+    re-enumerated as a JS object does (EmDash rebuilds the object in sorted order, and
+    `JSON.stringify` still lists array-index keys first)."""
     for key in keys:
         if not isinstance(key, str):
             raise TypeError(f"Object keys must be strings, not {type(key).__name__}")

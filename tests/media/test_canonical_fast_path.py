@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from media_usage_orchestration.media.canonical import (
     CanonicalText,
     canonical_json,
+    canonical_key_order,
     reference_canonical_json,
 )
 
@@ -53,6 +54,32 @@ def test_generated_documents_encode_as_the_spelled_out_encoder(document):
 @given(st.dictionaries(KEYS, st.one_of(st.none(), st.booleans(), TEXT, INTEGERS), max_size=12))
 def test_flat_objects_of_plain_scalars_encode_as_the_spelled_out_encoder(document):
     assert canonical_json(document) == reference_canonical_json(document)
+
+
+PLAIN_SCALARS = st.one_of(st.none(), st.booleans(), TEXT, INTEGERS)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.dictionaries(KEYS, st.one_of(PLAIN_SCALARS, FLOATS), max_size=12))
+def test_objects_already_in_output_order_encode_as_the_spelled_out_encoder(document):
+    """Fingerprint payloads list their keys in output order, which lets the C encoder print the
+    whole object when every value is plain: lone surrogates, floats and unsafe integers among
+    the values must still come out as JavaScript prints them."""
+    ordered = {key: document[key] for key in canonical_key_order(tuple(document))}
+    assert canonical_json(ordered) == reference_canonical_json(ordered)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ({"a": "\udc00", "b": 1}, '{"a":"\\udc00","b":1}'),
+        ({"a": 2**53, "b": "x"}, '{"a":9007199254740992,"b":"x"}'),
+        ({"a": 2.5, "b": None}, '{"a":2.5,"b":null}'),
+        ({"0": True, "a": "\x1f\u2028é"}, '{"0":true,"a":"\\u001f\u2028é"}'),
+    ],
+)
+def test_ordered_objects_with_values_the_c_encoder_would_misprint(value, text):
+    assert canonical_json(value) == text == reference_canonical_json(value)
 
 
 @settings(max_examples=500, deadline=None)
