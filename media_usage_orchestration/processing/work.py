@@ -332,10 +332,12 @@ def process_due_batch(
     processed one by one for that reason.
     """
     started = clock()
-    if not capture_is_active(engine):
-        return WorkBatchResult(inactive=True, duration_ms=_elapsed_ms(clock, started))
     repository = WorkRepository(engine)
-    claimed = repository.claim_due_batch(batch_size, lease_seconds, collection_id)
+    claimed = repository.claim_due_batch(
+        batch_size, lease_seconds, collection_id, while_capture_active=True
+    )
+    if claimed is None:
+        return WorkBatchResult(inactive=True, duration_ms=_elapsed_ms(clock, started))
     batch = _Batch(engine, repository, lease_seconds, clock, claimed_at=clock())
     outcomes = []
     completed_by_collection: Counter[tuple[str, str]] = Counter()

@@ -43,6 +43,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import FromClause
 from ulid import ULID
 
+from .activation import read_activation
 from .clock import (
     is_due,
     lease_live_at_clock,
@@ -72,6 +73,7 @@ from .predicates import (
 )
 from .registry import RegisteredCollection, collection_id_for_slug
 from .schema import collections, dialect_insert, index_status, reconciliations, work
+from .source_records import new_ulids
 
 MAX_WORK_SELECTION_LIMIT = 100
 OPERATOR_DEFAULT_LIMIT = 50
@@ -495,6 +497,11 @@ _CLAIM_COLLECTION = bindparam("claim_collection_id", type_=Text)
 
 def _token_parameter(rank: int) -> str:
     return f"claim_token_{rank}"
+
+
+def _capture_active(connection: Connection) -> bool:
+    row = read_activation(connection)
+    return row is not None and row.state == "active"
 
 
 def _walk_due_indexes_in_order(connection: Connection) -> None:
@@ -1065,8 +1072,13 @@ class WorkRepository:
         return _record(row._mapping) if row else None
 
     def claim_due_batch(
-        self, limit: int, lease_seconds: int, collection_id: str | None = None
-    ) -> list[WorkRecord]:
+        self,
+        limit: int,
+        lease_seconds: int,
+        collection_id: str | None = None,
+        *,
+        while_capture_active: bool = False,
+    ) -> list[WorkRecord] | None:
         """Lease up to `limit` due rows in one UPDATE, each under its own fresh ULID token.
 
         Not in the seed, which claims one row at a time. The candidate subquery picks due rows
@@ -1079,16 +1091,20 @@ class WorkRepository:
         written nor returned. On PostgreSQL the candidates are locked `FOR UPDATE SKIP LOCKED`,
         so concurrent batches take disjoint rows. Records come back in due order; each is then
         completed, retried, failed or renewed under its own lease. With `collection_id`, only
-        that collection's due rows are candidates.
+        that collection's due rows are candidates. With `while_capture_active`, the same
+        transaction first reads the activation row and claims nothing (None) unless capture is
+        active: EmDash's processor checks that before each claim.
         """
         limit = _due_limit(limit)
         if collection_id is not None:
             require_text(collection_id, "Media usage batch claim collection ID must not be empty")
         lease_seconds = _lease_seconds(lease_seconds)
-        tokens = [str(ULID()) for _ in range(limit)]
+        tokens = new_ulids(limit)
         parameters = {_token_parameter(rank): token for rank, token in enumerate(tokens, start=1)}
         parameters[_CLAIM_COLLECTION.key] = collection_id
         with self.engine.begin() as connection:
+            if while_capture_active and not _capture_active(connection):
+                return None
             _walk_due_indexes_in_order(connection)
             statement = _claim_batch_statement(
                 connection.dialect.name, limit, lease_seconds, collection_id is not None

@@ -78,3 +78,20 @@ def test_a_claim_takes_the_first_due_rows_of_its_collection_from_a_large_backlog
     )[:50]
     assert [record.content_id for record in claimed] == expected
     assert {record.collection_id for record in claimed} == {"collection-1"}
+
+
+def test_a_claim_made_while_capture_is_active_claims_nothing_when_it_is_not(db, activated):
+    """`db` has capture `expanded`; `activated` makes it active: the guarded claim reads the
+    activation row in its own transaction."""
+    backlog(db.engine, size=20)
+    repository = WorkRepository(db.engine)
+    with db.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE _emdash_media_usage_activation SET state = 'expanded'")
+
+    assert repository.claim_due_batch(10, 60, while_capture_active=True) is None
+    assert repository.find_due_work(100) and len(repository.find_due_work(100)) == 20
+
+    with db.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE _emdash_media_usage_activation SET state = 'active'")
+    claimed = repository.claim_due_batch(10, 60, while_capture_active=True)
+    assert claimed is not None and len(claimed) == 10
