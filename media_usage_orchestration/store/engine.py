@@ -281,8 +281,13 @@ def _configure_sqlite_connection(dbapi_connection) -> sqlite3.Cursor:
 
 @contextlib.contextmanager
 def read_transaction(engine: Engine) -> Iterator[Connection]:
-    """A transaction that only reads: on SQLite it takes no write lock."""
+    """A transaction that only reads: on SQLite it takes no write lock (one snapshot for all
+    its statements). On PostgreSQL its statements run without BEGIN and COMMIT: under READ
+    COMMITTED each statement reads its own snapshot either way, so the two round trips would
+    buy nothing. Row locks (`FOR SHARE`) belong in `engine.begin()`, never here."""
     with engine.connect() as connection:
+        if is_postgres(connection):
+            connection = connection.execution_options(isolation_level="AUTOCOMMIT")
         connection = connection.execution_options(**{_READ_ONLY: True})
         with connection.begin():
             yield connection
