@@ -64,7 +64,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from ulid import ULID
 
 from .clock import lease_live_at_statement, now, timestamp_offset, validate_duration
-from .engine import read_transaction
+from .engine import read_transaction, single_statement
 from .identifiers import content_table_name, require_text, validate_error_code
 from .leases import (
     LeaseState,
@@ -577,11 +577,11 @@ class ReconciliationRepository:
         self.engine = engine
 
     def _write(self, statement) -> bool:
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement).rowcount == 1
 
     def _returning(self, statement) -> Any:
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement).first()
 
     # -- reads -----------------------------------------------------------------------------------
@@ -833,7 +833,7 @@ class ReconciliationRepository:
             **{_BOUND_EPOCH.key: epoch, "previous_cursor": previous_cursor},
             next_cursor=next_cursor,
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement, parameters).rowcount == 1
 
     def restart_run(self, claim: ReconciliationRecord, previous_epoch: int | str) -> int | None:
@@ -1206,7 +1206,7 @@ class ReconciliationRepository:
         Dagster step keeps its claim across pages and renews it between them."""
         _require_claim(claim)
         validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             row = connection.execute(
                 _renew_statement(lease_seconds), _claim_parameters(claim)
             ).first()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -53,7 +53,7 @@ from .clock import (
     validate_duration,
 )
 from .cursors import PageCursor, decode_cursor, encode_cursor
-from .engine import is_postgres, read_transaction
+from .engine import is_postgres, read_transaction, single_statement
 from .identifiers import require_text, validate_error_code
 from .json_rows import JsonRows
 from .leases import (
@@ -685,11 +685,20 @@ def complete_leases(connection: Connection, leases: Sequence[WorkLease]) -> set[
     parameters = {
         "held_collection_ids": sorted({lease.collection_id for lease in leases}),
         "held_content_ids": [lease.content_id for lease in leases],
-        **_HELD_LEASES.bind(connection.dialect.name, [asdict(lease) for lease in leases]),
+        **_HELD_LEASES.bind(connection.dialect.name, [_lease_row(lease) for lease in leases]),
     }
     statement = _complete_leases_statement(connection.dialect.name)
     return {
         (row.collection_id, row.content_id) for row in connection.execute(statement, parameters)
+    }
+
+
+def _lease_row(lease: WorkLease) -> dict[str, Any]:
+    return {
+        "collection_id": lease.collection_id,
+        "content_id": lease.content_id,
+        "work_version": lease.work_version,
+        "lease_token": lease.lease_token,
     }
 
 
@@ -771,7 +780,7 @@ class WorkRepository:
             "page_phase": str(phase),
         }
         rows = [{"content_id": content_id} for content_id in page_ids]
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             dialect_name = connection.dialect.name
             parameters.update(_PAGE_ROWS.bind(dialect_name, rows))
             statement = _enqueue_statement(dialect_name)
@@ -1128,7 +1137,7 @@ class WorkRepository:
             .where(_holds_lease(lease))
             .returning(work.c.lease_expires_at)
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement).scalar_one_or_none()
 
     def complete_work(self, lease: WorkLease) -> bool:
@@ -1140,7 +1149,7 @@ class WorkRepository:
 
     def complete_work_batch(self, leases: Sequence[WorkLease]) -> set[tuple[str, str]]:
         """`complete_work` for many leases in one statement (see `complete_leases`)."""
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return complete_leases(connection, leases)
 
     def delete_work_through_epoch(self, collection_id: str, max_change_epoch: int | str) -> int:
