@@ -17,6 +17,7 @@ from pydantic import Field
 from ..processing.reconciliation import steps, walks
 from ..processing.reconciliation.model import (
     CONTINUE_DELAY_SECONDS,
+    DRAIN_BATCH_SIZE,
     ReconciliationOutcome,
     ScanOutcome,
     StepResult,
@@ -94,7 +95,9 @@ class PageBudget(dg.Config):
 
 
 class DrainBudget(dg.Config):
-    batch_size: int = Field(default=50, ge=1, le=100, description="Work items claimed per batch.")
+    batch_size: int = Field(
+        default=DRAIN_BATCH_SIZE, ge=1, le=100, description="Work items claimed per batch."
+    )
     max_seconds: float = Field(default=600.0, gt=0, le=3600, description="Time budget per op.")
 
 

@@ -47,14 +47,13 @@ RECORDED_STEPS = (
 
 
 # What a complete run of 120 entries takes, step by step: 3 scan pages of 50, 50 and 20
-# entries, the scan's 120 work items drained in batches of 50, 3 source pages, completion.
+# entries, the scan's 120 work items drained in batches of 100, 3 source pages, completion.
 COMPLETE_STEPS = [
     ("claim_collection", "advanced"),
     ("prepare_run", ("advanced", False)),
     *[("scan_page", "advanced")] * 3,
     ("scan_page", "exhausted"),
-    ("drain_batch", (50, 50)),
-    ("drain_batch", (50, 50)),
+    ("drain_batch", (100, 100)),
     ("drain_batch", (20, 20)),
     ("enter_sources", ("advanced", False)),
     *[("source_page", "advanced")] * 3,

@@ -16,7 +16,7 @@ from ...store.engine import Engine
 from ...store.reconciliations import ReconciliationClaim
 from ..run_loop import Budget, Paging, PagingEnd
 from . import steps, walks
-from .model import LEASE_DURATION_SECONDS, PAGE_SIZE, ReconciliationOutcome, ScanOutcome
+from .model import DRAIN_BATCH_SIZE, LEASE_DURATION_SECONDS, ReconciliationOutcome, ScanOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def run_to_completion(
     max_steps: int = DEFAULT_MAX_STEPS,
     force: bool = False,
     reopen: bool = False,
-    work_batch_size: int = PAGE_SIZE,
+    work_batch_size: int = DRAIN_BATCH_SIZE,
     lease_seconds: int = LEASE_DURATION_SECONDS,
 ) -> ReconciliationOutcome:
     """Claim one collection and drive its run as the op graph does, renewing the lease

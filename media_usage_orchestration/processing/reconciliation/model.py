@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ...store.reconciliations import ENTRY_FAILED_CODE, ReconciliationClaim
+from ...store.work import MAX_WORK_SELECTION_LIMIT
 
 CANDIDATES_PER_TICK = 4
 PAGE_SIZE = 50
@@ -13,6 +14,10 @@ LEASE_DURATION_SECONDS = 60
 MAX_QUERIES_PER_TICK = 20
 WAIT_DELAY_SECONDS = 30
 CONTINUE_DELAY_SECONDS = 0
+# Not in the seed (EmDash processes one job at a time): the drain claims the batch claim's
+# largest batch, which spreads each batch's fixed cost (claim, commit, completion) over two
+# scan pages of entries.
+DRAIN_BATCH_SIZE = MAX_WORK_SELECTION_LIMIT
 
 RECONCILIATION_FAILED = "MEDIA_USAGE_RECONCILIATION_FAILED"
 INVALID_SOURCE = "MEDIA_USAGE_RECONCILIATION_INVALID_SOURCE"
