@@ -234,3 +234,26 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
         "peak RSS MB (largest)": (100.0, True),
         "postgresql drain, 2 workers over 1": (1.5, False),
     }
+
+
+def test_the_dagster_lane_on_postgresql_keeps_instance_storage_in_postgresql_and_drops_it():
+    """As deploy/dagster.yaml deploys it: runs and events in PostgreSQL (a scratch database)."""
+    from sqlalchemy import make_url, text
+
+    from media_usage_orchestration.bench.instance import bench_instance
+
+    require_postgres()
+    with bench_instance(postgres_admin_url()) as instance:
+        storage = instance.event_log_storage
+        assert type(storage).__name__ == "PostgresEventLogStorage"
+        database = make_url(storage.postgres_url).database
+        assert database.startswith("media_usage_bench_dagster_")
+    admin = create_database_engine(postgres_admin_url())
+    try:
+        with admin.connect() as connection:
+            left = connection.execute(
+                text("SELECT count(*) FROM pg_database WHERE datname = :name"), {"name": database}
+            ).scalar_one()
+    finally:
+        admin.dispose()
+    assert left == 0

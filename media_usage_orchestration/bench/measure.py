@@ -39,6 +39,7 @@ from .database import (
     index_is_verified,
     insert_entries,
 )
+from .instance import bench_instance
 from .workers import WorkerPool
 
 WORK_BATCH_SIZE = 50
@@ -223,7 +224,6 @@ def dagster_lane(url: str) -> Iterator[Callable[[tuple], int]]:
     """A Dagster instance and the resources runs get, ready before the clock starts; yields
     what the daemon does: evaluate the given sensors and execute every run they request as a
     real run in the instance until none is requested (returns how many runs that took)."""
-    import dagster as dg
 
     from ..local_runner import run_lane
     from ..resources.automation import MediaUsageAutomation
@@ -239,7 +239,7 @@ def dagster_lane(url: str) -> Iterator[Callable[[tuple], int]]:
             raise click.ClickException(f"{len(failed)} of {len(runs)} runs failed ({failed[0]})")
         return len(runs)
 
-    with dg.instance_for_test() as instance:
+    with bench_instance(url) as instance:
         yield run
 
 

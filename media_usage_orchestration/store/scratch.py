@@ -42,4 +42,22 @@ def scratch_schema(
         admin.dispose()
 
 
-__all__ = ["scratch_schema", "with_search_path"]
+@contextlib.contextmanager
+def scratch_database(server: str | URL, prefix: str) -> Iterator[URL]:
+    """A new empty database `<prefix>_<random>` on `server` (its URL, the driver left as the
+    caller's to choose), dropped on exit with whatever is still connected to it."""
+    name = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    admin = create_engine(normalize_url(server), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        try:
+            yield normalize_url(server).set(database=name)
+        finally:
+            with admin.connect() as connection:
+                connection.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+__all__ = ["scratch_database", "scratch_schema", "with_search_path"]
