@@ -39,7 +39,6 @@ from .database import (
     index_is_verified,
     insert_entries,
 )
-from .instance import bench_instance
 from .workers import WorkerPool
 
 WORK_BATCH_SIZE = 50
@@ -228,6 +227,7 @@ def dagster_lane(url: str) -> Iterator[Callable[[tuple], int]]:
     from ..local_runner import run_lane
     from ..resources.automation import MediaUsageAutomation
     from ..resources.database import MediaUsageDatabase
+    from .instance import bench_instance
 
     resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
 
