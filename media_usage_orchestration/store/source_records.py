@@ -4,6 +4,7 @@ writer publishes, and the identity and fingerprint rules they are judged by. No 
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import time
@@ -166,9 +167,13 @@ def occurrence_rows(
 # --- identifiers --------------------------------------------------------------------------------
 
 _RANDOM_BITS = 80
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-# The 26 five-bit groups of a 128-bit value (the first holds the top 3 bits), high first.
-_SHIFTS = tuple(range(125, -1, -5))
+# RFC 4648 base32 letters mapped to Crockford's: the C encoder spells the digits, this the
+# alphabet. 20 bytes are 32 digits whose first 6 only hold the 32 zero bits above the ULID.
+_TO_CROCKFORD = bytes.maketrans(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", b"0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+)
+_PADDED_BYTES = 20
+_PADDING_DIGITS = 6
 
 
 def new_ulids(count: int) -> list[str]:
@@ -187,7 +192,8 @@ def new_ulids(count: int) -> list[str]:
 
 def ulid_text(value: int) -> str:
     """The 26-character Crockford base32 text of a 128-bit ULID value."""
-    return "".join([_CROCKFORD[(value >> shift) & 31] for shift in _SHIFTS])
+    digits = base64.b32encode(value.to_bytes(_PADDED_BYTES, "big"))[_PADDING_DIGITS:]
+    return digits.translate(_TO_CROCKFORD).decode("ascii")
 
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -14,7 +15,8 @@ from media_usage_orchestration.store.source_rows import execute_many
 
 
 def test_ulid_text_is_the_library_encoding():
-    for value in (0, 1, 2**80 - 1, 2**128 - 1, *(int(ULID()) for _ in range(200))):
+    spread = (random.getrandbits(bits) for bits in range(1, 129) for _ in range(4))
+    for value in (0, 1, 2**80 - 1, 2**128 - 1, *(int(ULID()) for _ in range(200)), *spread):
         assert ulid_text(value) == str(ULID.from_int(value))
 
 
