@@ -26,7 +26,7 @@ import click
 from ..processing.activation import activate
 from ..processing.phases import OTHER, PHASES, PhaseClock, phase, timing
 from ..processing.reconciliation.driver import run_to_completion
-from ..processing.reconciliation.model import ReconciliationOutcome
+from ..processing.reconciliation.model import DRAIN_BATCH_SIZE, ReconciliationOutcome
 from ..processing.work import process_due_batch, process_due_work
 from ..store.cms import Collection
 from ..store.engine import Engine, create_database_engine
@@ -41,7 +41,8 @@ from .database import (
 )
 from .workers import WorkerPool
 
-WORK_BATCH_SIZE = 50
+# Work runs beside a reconciliation claim batches of the drain's size.
+WORK_BATCH_SIZE = DRAIN_BATCH_SIZE
 MAX_DRIVER_RUNS = 100
 DRIVER_DONE = (
     ReconciliationOutcome.COMPLETED,
