@@ -6,6 +6,9 @@ due because its lease expired: the run that held it died or stalled, Dagster may
 (until run monitoring marks it failed), and the database guards make the stale run harmless."""
 
 import hashlib
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
 
 import dagster as dg
 
@@ -22,7 +25,13 @@ from .processing.projection_gc import GcLimits
 from .resources.automation import MediaUsageAutomation
 from .resources.database import MediaUsageDatabase
 from .store.deletions import DeletionRepository
-from .store.engine import CONNECTION_ERRORS, DATABASE_URL_ENV, database_error_message, scrubbed
+from .store.engine import (
+    CONNECTION_ERRORS,
+    DATABASE_URL_ENV,
+    Engine,
+    database_error_message,
+    scrubbed,
+)
 from .store.probes import due_reconciliations, earliest_due_work
 from .store.projection_gc import ProjectionGcRepository
 from .store.schema import missing_tables
@@ -38,6 +47,7 @@ IN_FLIGHT_STATUSES = [
 UNSUCCESSFUL_STATUSES = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 MAX_DUE_DELETIONS = 25
 MAX_DUE_RECONCILIATIONS = 25
+T = TypeVar("T")
 
 
 def runs_in_flight(
@@ -62,6 +72,32 @@ def last_unsuccessful_run_id(
     return runs[0].run_id if runs else None
 
 
+# Engines whose database was found with the whole schema. A tick runs in the long-lived code
+# server on the process's shared engine for its URL (`resources/database.py`), so once the
+# schema was there, a tick sends only its probe; the schema is looked at again when the probe
+# fails, to tell a database that lost its schema or its server from a broken probe.
+_schema_found: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def probe_when_ready(
+    database: MediaUsageDatabase, probe: Callable[[Engine], T]
+) -> T | dg.SkipReason:
+    """`probe(engine)`, or the skip that says why the database cannot be probed yet."""
+    engine = database.engine
+    if engine not in _schema_found:
+        if skip := database_not_ready(database):
+            return skip
+        _schema_found.add(engine)
+        return probe(engine)
+    try:
+        return probe(engine)
+    except Exception:
+        _schema_found.discard(engine)
+        if skip := database_not_ready(database):
+            return skip
+        raise
+
+
 def database_not_ready(database: MediaUsageDatabase) -> dg.SkipReason | None:
     """A database the sensor cannot use yet is a setup or operations step away, not a sensor
     error: one password-free line in the tick history says what to check."""
@@ -81,6 +117,21 @@ def database_not_ready(database: MediaUsageDatabase) -> dg.SkipReason | None:
     )
 
 
+def _due_deletions(engine: Engine):
+    return DeletionRepository(engine).find_due(MAX_DUE_DELETIONS)
+
+
+def _due_reconciliations(engine: Engine):
+    return due_reconciliations(engine, MAX_DUE_RECONCILIATIONS)
+
+
+def _due_projection_gc(engine: Engine):
+    limits = GcLimits()
+    return ProjectionGcRepository(engine).due_work(
+        limits.candidate_limit, limits.safety_window_seconds
+    )
+
+
 def run_key(*parts: object) -> str:
     """A readable key prefix plus a digest of the due generation."""
     digest = hashlib.sha256(":".join(str(part) for part in parts).encode()).hexdigest()[:16]
@@ -97,9 +148,9 @@ def run_key(*parts: object) -> str:
 def media_usage_collection_deletion_sensor(
     context: dg.SensorEvaluationContext, database: MediaUsageDatabase
 ):
-    if skip := database_not_ready(database):
-        return skip
-    due = DeletionRepository(database.engine).find_due(MAX_DUE_DELETIONS)
+    due = probe_when_ready(database, _due_deletions)
+    if isinstance(due, dg.SkipReason):
+        return due
     requests = []
     for tombstone in due:
         tags = {COLLECTION_ID_TAG: tombstone.collection_id}
@@ -149,9 +200,9 @@ def media_usage_work_sensor(
     database: MediaUsageDatabase,
     automation: MediaUsageAutomation,
 ):
-    if skip := database_not_ready(database):
-        return skip
-    earliest = earliest_due_work(database.engine)
+    earliest = probe_when_ready(database, earliest_due_work)
+    if isinstance(earliest, dg.SkipReason):
+        return earliest
     if earliest is None:
         return dg.SkipReason("no due work")
     in_flight = runs_in_flight(context.instance, media_usage_work.name)
@@ -193,10 +244,15 @@ def media_usage_work_sensor(
 def media_usage_reconciliation_sensor(
     context: dg.SensorEvaluationContext, database: MediaUsageDatabase
 ):
-    if skip := database_not_ready(database):
-        return skip
-    candidates = due_reconciliations(database.engine, MAX_DUE_RECONCILIATIONS)
-    known = set(context.instance.get_dynamic_partitions(media_usage_collections.name))
+    candidates = probe_when_ready(database, _due_reconciliations)
+    if isinstance(candidates, dg.SkipReason):
+        return candidates
+    # An idle tick (no candidate) asks the instance nothing.
+    known = (
+        set(context.instance.get_dynamic_partitions(media_usage_collections.name))
+        if candidates
+        else set()
+    )
     new_partitions = sorted({c.collection_slug for c in candidates} - known)
     requests = []
     for candidate in candidates:
@@ -245,12 +301,9 @@ def media_usage_reconciliation_sensor(
 def media_usage_projection_gc_sensor(
     context: dg.SensorEvaluationContext, database: MediaUsageDatabase
 ):
-    if skip := database_not_ready(database):
-        return skip
-    limits = GcLimits()
-    due = ProjectionGcRepository(database.engine).due_work(
-        limits.candidate_limit, limits.safety_window_seconds
-    )
+    due = probe_when_ready(database, _due_projection_gc)
+    if isinstance(due, dg.SkipReason):
+        return due
     if due is None:
         return dg.SkipReason("the projection GC is not due (or a pass holds its lease)")
     if not due.has_work:

@@ -30,6 +30,7 @@ from ..processing.reconciliation.model import DRAIN_BATCH_SIZE, ReconciliationOu
 from ..processing.work import process_due_batch, process_due_work
 from ..store.cms import Collection
 from ..store.engine import Engine, create_database_engine
+from ..store.registry import read_collection_slugs
 from ..store.statement_counter import counting_statements
 from .database import (
     COLLECTION_SLUG,
@@ -241,7 +242,28 @@ def dagster_lane(url: str) -> Iterator[Callable[[tuple], int]]:
         return len(runs)
 
     with bench_instance(url) as instance:
+        _as_deployed(instance, url)
         yield run
+
+
+def _as_deployed(instance, url: str) -> None:
+    """The instance as a running deployment's is before a reconciliation: every registry
+    collection has its partition (activation adds them, as the activation job does), and the
+    run and event-log storage (with its asset index shard) have been opened before."""
+    import dagster as dg
+
+    from ..ops.coverage import MEDIA_USAGE_INDEX
+    from ..partitions import media_usage_collections, partition_changes
+
+    engine = create_database_engine(url)
+    try:
+        slugs = read_collection_slugs(engine)
+    finally:
+        engine.dispose()
+    added, _removed = partition_changes(instance, slugs)
+    if added:
+        instance.add_dynamic_partitions(media_usage_collections.name, added)
+    instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=MEDIA_USAGE_INDEX), limit=1)
 
 
 def lane_sensors(*names: str) -> tuple:

@@ -3,8 +3,11 @@
 An op receives the claim identity from the previous op (or, on re-execution from failure, from
 the failed run's stored output), makes sure the lease is still ours (renew it; if it lapsed or
 a failure was recorded, claim again), runs its step, and then either hands the claim on or
-yields nothing so the rest of the run is skipped. Every op also yields an `outcome` output whose
-metadata says what happened, and tags the run with the latest outcome for the runs list.
+yields nothing so the rest of the run is skipped. What the step did (`outcome` and its counts) is
+the metadata of the output it yields: the `lease` it hands on, or, when it stops the run there,
+its `outcome` output. The run's `media_usage/outcome` tag (the Runs list filters on it) is
+written only where it is the run's final word: by the op that stops the run, by an op that
+fails, and by the last op of the run (no step of the run takes its `lease`).
 
 Failures: a transient database error is re-raised for the op's RetryPolicy (the lease is still
 ours and the step is idempotent); any other exception is recorded on the row exactly as
@@ -16,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import dagster as dg
+from dagster._core.execution.context.invocation import BaseDirectExecutionContext
+from dagster._core.execution.plan.outputs import StepOutputHandle
 
 from ..processing.run_loop import Paging, PagingEnd
 from ..store.engine import Engine
@@ -140,18 +145,38 @@ def run_leased_step(
 
 
 def emit(context: dg.OpExecutionContext, report: StepReport) -> Iterator[dg.Output]:
+    """The step's one output, with what it did as metadata: the `lease` handed on, or the
+    `outcome` output when the run stops here; the run is tagged when this is its final word."""
     metadata = {"outcome": report.outcome, **dict(report.metadata)}
-    yield dg.Output(None, output_name="outcome", metadata=metadata)
+    handed_on = hands_on_in_run(context)
     if report.lease is not None:
-        yield dg.Output(report.lease, output_name="lease")
-    else:
+        yield dg.Output(report.lease, output_name="lease", metadata=metadata)
+        if not handed_on:
+            _tag_run(context, report.outcome)
+        return
+    yield dg.Output(None, output_name="outcome", metadata=metadata)
+    if handed_on:  # the run's later ops are skipped: say why in the run log
         context.log.info(f"stopping here: {report.outcome}")
     _tag_run(context, report.outcome)
 
 
+def hands_on_in_run(context: dg.OpExecutionContext) -> bool:
+    """Whether a step of this run takes the op's `lease` output. Not for the graph's last op,
+    nor for the last op of a re-execution of selected steps, nor for an op invoked directly."""
+    if isinstance(context, BaseDirectExecutionContext):
+        return False
+    step_context = context.get_step_execution_context()
+    lease = StepOutputHandle(step_context.step.key, "lease")
+    return any(
+        lease in step_input.get_step_output_handle_dependencies()
+        for step in step_context.execution_plan.get_steps_to_execute_in_topo_order()
+        for step_input in step.step_inputs
+    )
+
+
 def _tag_run(context: dg.OpExecutionContext, outcome: str) -> None:
-    # Every op's outcome is news (the previous op's differs, or a re-execution copied its
-    # parent's), so it is written without first reading the stored tags.
+    # The run's final word (a re-execution may carry its parent's): written without first
+    # reading the stored tags.
     if launched_run(context) is not None:
         context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: outcome})
 
@@ -179,6 +204,15 @@ def tag_run_collection(context: dg.OpExecutionContext, slug: str | None) -> None
 
 def leased_outs(lease_type: type) -> dict[str, dg.Out]:
     return {
-        "lease": dg.Out(lease_type, is_required=False, description="The claim, handed on."),
-        "outcome": dg.Out(dg.Nothing, description="What this step did (see metadata)."),
+        "lease": dg.Out(
+            lease_type,
+            is_required=False,
+            description="The claim, handed on; its metadata says what this step did.",
+        ),
+        "outcome": dg.Out(
+            dg.Nothing,
+            is_required=False,
+            description="Yielded instead of the claim when the run stops here: what this step "
+            "did (see metadata).",
+        ),
     }

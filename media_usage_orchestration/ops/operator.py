@@ -3,7 +3,7 @@ reconciliation. Each is EmDash's guarded operator retry (`processing/operator.py
 steals a live lease.
 
 The outcome is the `outcome` output's metadata and the run's `media_usage/outcome` tag, as for
-every other op. Refusals that are not bad input (lease_active, conflict, not_found) end the
+every op that ends its run. Refusals that are not bad input (lease_active, conflict, not_found) end the
 run successfully with that outcome: nothing was wrong with the request, the row was simply not
 reopenable. Bad input fails the run at once (no retry) and changes nothing.
 """

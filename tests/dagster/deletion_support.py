@@ -17,7 +17,7 @@ from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors import media_usage_collection_deletion_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.cms import FieldSpec
-from tests.dagster.sensor_loop import evaluate, execute_request, plain, resources
+from tests.dagster.sensor_loop import evaluate, execute_request, resources, step_report
 from tests.support import snapshot
 
 DELETION_JOB = defs.resolve_job_def(media_usage_collection_deletion.name)
@@ -63,11 +63,9 @@ def deletion_run_config(collection_id: str, **budgets: Mapping[str, Any]) -> dic
 
 
 def outcome_of(result: dg.ExecuteInProcessResult, node: str) -> dict[str, Any] | None:
-    """The metadata of a node's `outcome` output (None when the node did not run)."""
-    for event in result.events_for_node(node):
-        if event.is_successful_output and event.step_output_data.output_name == "outcome":
-            return plain(event.step_output_data.metadata)
-    return None
+    """What a node reported (its `lease` or `outcome` output's metadata); None when it did not
+    run."""
+    return step_report(result.events_for_node(node), node)
 
 
 def step_outcomes(result: dg.ExecuteInProcessResult) -> dict[str, str]:

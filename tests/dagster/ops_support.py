@@ -15,15 +15,16 @@ from tests.dagster.sensor_loop import plain, resources
 class OpResult:
     """What one op invocation emitted: every output's value and metadata by output name.
 
-    `metadata` is the reporting output's (`outcome`, else `result`); `lease` is the lease or
-    claim handed on to the next op (None when the op stopped the run there)."""
+    `metadata` is the reporting output's (the `lease` handed on, else `outcome` when the op
+    stopped the run there, else `result`); `lease` is the lease or claim handed on to the next
+    op (None when the op stopped the run there)."""
 
     values: dict[str, Any]
     metadata_of: dict[str, dict[str, Any]]
 
     @property
     def metadata(self) -> dict[str, Any]:
-        reporting = "outcome" if "outcome" in self.metadata_of else "result"
+        [reporting] = [name for name in ("lease", "outcome", "result") if name in self.metadata_of]
         return self.metadata_of[reporting]
 
     @property
@@ -46,8 +47,8 @@ def invoke(
     run_tags: Mapping[str, str] | None = None,
 ) -> OpResult:
     """Call `op_def` with the project's resources for `db`, the given config, run tags,
-    partition and instance, and `lease` as its input when given; it must emit an `outcome`
-    (optionally with a `lease`) or a `result`."""
+    partition and instance, and `lease` as its input when given; it must emit exactly one of
+    a `lease` (handed on), an `outcome` (stopped there) or a `result`."""
     with dg.build_op_context(
         resources=resources(db),
         instance=instance,
@@ -58,7 +59,7 @@ def invoke(
         outputs = list(op_def(context) if lease is None else op_def(context, lease))
     by_name = {output.output_name: output for output in outputs}
     assert len(by_name) == len(outputs), outputs
-    assert set(by_name) in ({"outcome"}, {"outcome", "lease"}, {"result"}), by_name
+    assert set(by_name) in ({"outcome"}, {"lease"}, {"result"}), by_name
     return OpResult(
         {name: output.value for name, output in by_name.items()},
         {name: plain(output.metadata) for name, output in by_name.items()},

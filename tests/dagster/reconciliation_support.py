@@ -33,7 +33,7 @@ from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.activation import read_activation
 from media_usage_orchestration.store.cms import CmsWriter, Collection
-from tests.dagster.sensor_loop import evaluate, plain, resources
+from tests.dagster.sensor_loop import evaluate, resources, step_report
 from tests.support import count, one, status_row
 
 RECONCILIATION_JOB = defs.resolve_job_def(media_usage_reconciliation.name)
@@ -90,15 +90,9 @@ def activate_with_job(db, instance: dg.DagsterInstance) -> None:
 
 
 def outcome_of(events: Iterable[dg.DagsterEvent], node: str) -> dict[str, Any] | None:
-    """The metadata of a node's `outcome` output (None when the node did not run)."""
-    for event in events:
-        if (
-            event.step_key == node
-            and event.is_successful_output
-            and event.step_output_data.output_name == "outcome"
-        ):
-            return plain(event.step_output_data.metadata)
-    return None
+    """What a node reported (its `lease` or `outcome` output's metadata); None when it did not
+    run."""
+    return step_report(events, node)
 
 
 def step_outcomes(events: Iterable[dg.DagsterEvent]) -> dict[str, str]:

@@ -7,7 +7,7 @@ is executed in process with the request's partition key, tags and run key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,25 @@ def output_metadata(
         if event.is_successful_output and event.step_output_data.output_name == output_name:
             return plain(event.step_output_data.metadata)
     raise AssertionError(f"{node} emitted no {output_name!r} output")
+
+
+# A leased step reports what it did on the one output it yields: the claim handed on, or
+# `outcome` when the run stops there.
+REPORTING_OUTPUTS = ("lease", "outcome")
+
+
+def step_report(events: Iterable[dg.DagsterEvent], node: str) -> dict[str, Any] | None:
+    """The metadata of what a leased op did (None when the node did not run). It must report
+    on exactly one of its outputs."""
+    reports = [
+        plain(event.step_output_data.metadata)
+        for event in events
+        if event.step_key == node
+        and event.is_successful_output
+        and event.step_output_data.output_name in REPORTING_OUTPUTS
+    ]
+    assert len(reports) <= 1, (node, reports)
+    return reports[0] if reports else None
 
 
 @dataclass

@@ -14,7 +14,6 @@ from tests.dagster.deletion_support import (
     failure_of,
     leftovers,
     mentioning,
-    plain,
     request_config,
     run_request_job,
     table_exists,
@@ -22,6 +21,7 @@ from tests.dagster.deletion_support import (
 from tests.dagster.deletion_support import (
     everything as support_everything,
 )
+from tests.dagster.sensor_loop import plain
 from tests.store.deletion_helpers import add_source, claimed, ids
 from tests.support import IMAGE_ONLY, count, one
 

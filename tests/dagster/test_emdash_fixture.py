@@ -29,7 +29,7 @@ from media_usage_orchestration.sensors import (
 from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.cms import CmsWriter, FieldSpec, SubField
 from media_usage_orchestration.store.engine import create_database_engine
-from tests.dagster.sensor_loop import drain, output_metadata, resources_for
+from tests.dagster.sensor_loop import drain, output_metadata, resources_for, step_report
 from tests.emdash_fence import restore_fence
 from tests.fixtures import FIXTURE_DB, REFERENCE_END_STATE, REFERENCE_FINGERPRINTS
 from tests.processing.gc_helpers import age_occurrences, gc_until_quiet
@@ -217,7 +217,7 @@ def _orphan_or_stale_occurrences(engine: Engine) -> int:
 def _finalized(result: dg.ExecuteInProcessResult) -> str | None:
     if not any(event.step_key == "finalize_coverage" for event in result.all_node_events):
         return None
-    return output_metadata(result, "finalize_coverage", "outcome")["outcome"]
+    return step_report(result.all_events, "finalize_coverage")["outcome"]
 
 
 # --- the test ---------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from tests.cli.operator_states import (
     work_of,
     work_row,
 )
-from tests.dagster.sensor_loop import output_metadata, resources_for
+from tests.dagster.sensor_loop import resources_for, step_report
 from tests.store.deletion_helpers import tombstone
 from tests.support import IMAGE_ONLY, all_rows, backdate, set_status, snapshot, status_row
 
@@ -63,7 +63,7 @@ def _run(job: dg.JobDefinition, db, instance, config: dict, raise_on_error: bool
 def _outcome(job: dg.JobDefinition, db, instance, config: dict) -> dict:
     """Run the job; its outcome metadata, checked against the run's outcome tag."""
     result = _run(job, db, instance, config)
-    metadata = output_metadata(result, _node(job), "outcome")
+    metadata = step_report(result.all_events, _node(job))
     assert instance.get_run_by_id(result.run_id).tags[OUTCOME_TAG] == metadata["outcome"]
     return metadata
 

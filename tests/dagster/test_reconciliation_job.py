@@ -43,7 +43,6 @@ from tests.dagster.reconciliation_support import (
     daemon_workspace,
     launch_partition_backfill,
     outcome_of,
-    plain,
     resources,
     run_events,
     run_partition,
@@ -51,7 +50,7 @@ from tests.dagster.reconciliation_support import (
     tick,
     write_collections,
 )
-from tests.dagster.sensor_loop import drain, requested_partition_keys
+from tests.dagster.sensor_loop import drain, plain, requested_partition_keys
 from tests.processing.projection_helpers import canonical_key
 from tests.support import all_rows, count, one, status_row
 
@@ -89,6 +88,94 @@ def test_the_job_reconciles_three_collections_of_500_entries(db):
 
     assert_coverage_complete(db.engine, list(collections.values()))
     assert count(db.engine, schema.sources) == 1500
+
+
+# --- what a run reports -------------------------------------------------------------------------
+
+
+def _outcome_tag_writes(instance: dg.DagsterInstance, monkeypatch) -> list[str]:
+    """The `media_usage/outcome` values written to the instance's runs from now on."""
+    written = []
+    add_run_tags = instance.add_run_tags
+
+    def recording(run_id, new_tags):
+        if OUTCOME_TAG in new_tags:
+            written.append(new_tags[OUTCOME_TAG])
+        return add_run_tags(run_id, new_tags)
+
+    monkeypatch.setattr(instance, "add_run_tags", recording)
+    return written
+
+
+def _outputs(result: dg.ExecuteInProcessResult) -> dict[str, list[str]]:
+    outputs: dict[str, list[str]] = {}
+    for event in result.all_node_events:
+        if event.is_successful_output:
+            outputs.setdefault(event.step_key, []).append(event.step_output_data.output_name)
+    return outputs
+
+
+def _messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [entry.user_message for entry in instance.all_logs(run_id)]
+
+
+def test_each_op_reports_on_the_one_output_it_yields_and_the_last_tags_the_run(db, monkeypatch):
+    write_collections(db.engine, {"articles": 3})
+    with dg.instance_for_test() as instance:
+        activate_with_job(db, instance)
+        written = _outcome_tag_writes(instance, monkeypatch)
+        result = run_partition(db, instance, "articles")
+        run = instance.get_run_by_id(result.run_id)
+        messages = _messages(instance, result.run_id)
+
+    assert step_outcomes(result.all_events) == COMPLETE_RUN
+    # The claim handed on carries what its op did; the last op stops the run on `outcome`.
+    assert _outputs(result) == {
+        **{op_name: ["lease"] for op_name in RECONCILIATION_OPS[:-1]},
+        "finalize_coverage": ["outcome"],
+    }
+    assert outcome_of(result.all_events, "drain_collection_work")["completed"] == 3
+    # Written once, by the op with the run's final word; its end skips nothing, so no line.
+    assert (written, run.tags[OUTCOME_TAG]) == (["completed"], "completed")
+    assert not [message for message in messages if message.startswith("stopping here")]
+
+
+def test_an_op_that_stops_the_run_early_tags_it_and_says_why(db, monkeypatch):
+    write_collections(db.engine, {"articles": 60})  # two scan pages
+    with dg.instance_for_test() as instance:
+        activate_with_job(db, instance)
+        written = _outcome_tag_writes(instance, monkeypatch)
+        budget = {"ops": {"scan_pages": {"config": {"max_pages": 1}}}}
+        result = run_partition(db, instance, "articles", run_config=budget)
+        run = instance.get_run_by_id(result.run_id)
+        messages = _messages(instance, result.run_id)
+
+    assert result.success
+    assert _outputs(result) == {
+        "claim_reconciliation": ["lease"],
+        "prepare_run": ["lease"],
+        "scan_pages": ["outcome"],
+    }
+    assert outcome_of(result.all_events, "scan_pages") == {
+        "outcome": "budget_exhausted",
+        "pages": 1,
+        "restarts": 0,
+    }
+    assert (written, run.tags[OUTCOME_TAG]) == (["budget_exhausted"], "budget_exhausted")
+    assert "stopping here: budget_exhausted" in messages
+
+
+def test_the_last_op_a_run_executes_tags_it_though_it_hands_the_claim_on(db, monkeypatch):
+    write_collections(db.engine, {"articles": 3})
+    with dg.instance_for_test() as instance:
+        activate_with_job(db, instance)
+        written = _outcome_tag_writes(instance, monkeypatch)
+        result = run_partition(db, instance, "articles", op_selection=["claim_reconciliation"])
+        run = instance.get_run_by_id(result.run_id)
+
+    assert _outputs(result) == {"claim_reconciliation": ["lease"]}
+    assert outcome_of(result.all_events, "claim_reconciliation")["outcome"] == "claimed"
+    assert (written, run.tags[OUTCOME_TAG]) == (["claimed"], "claimed")
 
 
 # --- the sensor path ------------------------------------------------------------------------------
@@ -184,6 +271,7 @@ def test_re_execution_from_failure_resumes_the_run_at_its_checkpoint(db, monkeyp
         [failure] = [event for event in failed_events if event.is_step_failure]
         assert failure.step_key == "scan_sources"
         assert plain(failure.step_failure_data.user_failure_data.metadata) == {"outcome": "retry"}
+        assert instance.get_run_by_id(failed_run_id).tags[OUTCOME_TAG] == "retry"
         row = one(db.engine, schema.reconciliations, collection_id=articles.id)
         assert (row["state"], row["attempt_count"], row["last_error_code"]) == (
             "retry",
@@ -204,7 +292,7 @@ def test_re_execution_from_failure_resumes_the_run_at_its_checkpoint(db, monkeyp
             run = instance.get_run_by_id(resumed.run_id)
 
     assert run.parent_run_id == failed_run_id
-    assert run.tags[PARTITION_TAG] == "articles"
+    assert (run.tags[PARTITION_TAG], run.tags[OUTCOME_TAG]) == ("articles", "completed")
     assert step_outcomes(resumed_events) == {
         "scan_sources": "exhausted",
         "finalize_coverage": "completed",

@@ -201,7 +201,8 @@ def test_a_forced_backfill_from_the_dialog_re_reconciles_a_complete_collection(u
 
         [run] = _run_backfill_daemon(ui, backfill.backfill_id)
         page.goto(ui.url(f"/runs/{run.run_id}"))
-        expect(page.get_by_text("stopping here: completed")).to_be_visible()
+        # The run's last op reports its outcome on its `outcome` output (a structured event).
+        expect(page.get_by_text('Yielded output "outcome"')).to_be_visible()
         expect(page.get_by_text("Success").first).to_be_visible()
 
     assert ui.instance.get_backfill(backfill.backfill_id).status in (
