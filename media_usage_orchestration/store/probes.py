@@ -6,6 +6,7 @@ stays far below Dagster's evaluation timeout whatever the table sizes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, String, case, cast, literal, null, select, union_all
@@ -114,6 +115,15 @@ def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandid
         MAX_CANDIDATES,
         f"Reconciliation candidate limit must be from 1 to {MAX_CANDIDATES}",
     )
+    with read_transaction(engine) as connection:
+        found = connection.execute(_due_reconciliations_statement(limit)).all()
+    return [ReconciliationCandidate(*row) for row in found[:limit]]
+
+
+@functools.lru_cache(maxsize=8)
+def _due_reconciliations_statement(limit: int):
+    """Built once per limit: the sensor asks every tick, and building it costs more than
+    running it (times are the database's, evaluated when it runs)."""
     due = due_candidates_statement(claimable_reconciliations(), limit).subquery("due")
     due_at = case((due.c.state == "leased", due.c.lease_expires_at), else_=due.c.next_attempt_at)
     rows = select(
@@ -139,10 +149,7 @@ def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandid
         .limit(limit)
     )
     # SQLite refuses a parenthesized compound member: the bounded branch becomes a subquery.
-    statement = union_all(rows, select(needing.subquery("needing")))
-    with read_transaction(engine) as connection:
-        found = connection.execute(statement).all()
-    return [ReconciliationCandidate(*row) for row in found[:limit]]
+    return union_all(rows, select(needing.subquery("needing")))
 
 
 def claimable_reconciliations():
