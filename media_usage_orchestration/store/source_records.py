@@ -4,7 +4,6 @@ writer publishes, and the identity and fingerprint rules they are judged by. No 
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import time
@@ -167,13 +166,10 @@ def occurrence_rows(
 # --- identifiers --------------------------------------------------------------------------------
 
 _RANDOM_BITS = 80
-# RFC 4648 base32 letters mapped to Crockford's: the C encoder spells the digits, this the
-# alphabet. 20 bytes are 32 digits whose first 6 only hold the 32 zero bits above the ULID.
-_TO_CROCKFORD = bytes.maketrans(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", b"0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-)
-_PADDED_BYTES = 20
-_PADDING_DIGITS = 6
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+# Two digits per lookup: the top digit holds 3 bits, then 12 pairs of 10 bits, then 5 bits.
+_DIGIT_PAIRS = tuple(high + low for high in _CROCKFORD for low in _CROCKFORD)
+_PAIR_SHIFTS = tuple(range(115, 4, -10))
 
 
 def new_ulids(count: int) -> list[str]:
@@ -192,8 +188,8 @@ def new_ulids(count: int) -> list[str]:
 
 def ulid_text(value: int) -> str:
     """The 26-character Crockford base32 text of a 128-bit ULID value."""
-    digits = base64.b32encode(value.to_bytes(_PADDED_BYTES, "big"))[_PADDING_DIGITS:]
-    return digits.translate(_TO_CROCKFORD).decode("ascii")
+    pairs = "".join([_DIGIT_PAIRS[(value >> shift) & 1023] for shift in _PAIR_SHIFTS])
+    return _CROCKFORD[value >> 125] + pairs + _CROCKFORD[value & 31]
 
 
 __all__ = [
