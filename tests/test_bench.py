@@ -206,6 +206,7 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
         "postgresql driver",
         "postgresql dagster",
         "sqlite driver 10x",
+        "sqlite dagster 10x",
         "postgresql driver 10x",
         "postgresql 2 workers",
         "sqlite tick",
@@ -220,6 +221,7 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
             measured("sqlite driver", seconds=2.0, entries_per_second=2500.0),
             measured("sqlite dagster", seconds=2.1, entries_per_second=2380.0),
             measured("sqlite driver 10x", seconds=23.0, entries_per_second=2170.0),
+            measured("sqlite dagster 10x", seconds=23.4, entries_per_second=2140.0),
             measured("postgresql 2 workers", drain_speedup=1.5),
             measured("sqlite tick", work_rows=10, tick_ms=40.0, probe_ms=3.0),
         ]
@@ -228,6 +230,7 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
     assert {what: (value, met) for what, value, _, met in judged} == {
         "sqlite Dagster entries/s": (2380.0, True),
         "sqlite Dagster/driver time": (1.05, True),
+        "sqlite Dagster/driver time, 10x entries": (1.02, True),
         "sqlite 10x entries time ratio": (11.5, False),
         "sqlite work sensor tick ms (10 rows)": (40.0, True),
         "sqlite work sensor probe ms (10 rows)": (3.0, True),
