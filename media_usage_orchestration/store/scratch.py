@@ -28,18 +28,9 @@ def scratch_schema(
     """(schema name, URL with the password) of a new empty schema `<prefix>_<random>`, dropped
     on exit unless `keep`."""
     schema = f"{prefix}_{uuid.uuid4().hex[:16]}"
-    admin = create_engine(normalize_url(server), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-        try:
-            yield schema, with_search_path(server, schema).render_as_string(hide_password=False)
-        finally:
-            if not keep:
-                with admin.connect() as connection:
-                    connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-    finally:
-        admin.dispose()
+    drop = None if keep else f'DROP SCHEMA "{schema}" CASCADE'
+    with _created(server, f'CREATE SCHEMA "{schema}"', drop):
+        yield schema, with_search_path(server, schema).render_as_string(hide_password=False)
 
 
 @contextlib.contextmanager
@@ -47,15 +38,23 @@ def scratch_database(server: str | URL, prefix: str) -> Iterator[URL]:
     """A new empty database `<prefix>_<random>` on `server` (its URL, the driver left as the
     caller's to choose), dropped on exit with whatever is still connected to it."""
     name = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    with _created(server, f'CREATE DATABASE "{name}"', f'DROP DATABASE "{name}" WITH (FORCE)'):
+        yield normalize_url(server).set(database=name)
+
+
+@contextlib.contextmanager
+def _created(server: str | URL, create: str, drop: str | None) -> Iterator[None]:
+    """Run `create` on the server, then `drop` (unless None) when the block ends."""
     admin = create_engine(normalize_url(server), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as connection:
-            connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            connection.exec_driver_sql(create)
         try:
-            yield normalize_url(server).set(database=name)
+            yield
         finally:
-            with admin.connect() as connection:
-                connection.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+            if drop is not None:
+                with admin.connect() as connection:
+                    connection.exec_driver_sql(drop)
     finally:
         admin.dispose()
 
