@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/media-usage demo
 
+# Each test module runs on one worker, in order, so a module-scoped fixture is built once.
 test: $(STAMP)
-	$(BIN)/pytest -n 2 --dist loadgroup
+	$(BIN)/pytest -n 2 --dist loadscope
 
 # The UI on the demo's database and instance (.dagster_home), so the demo's runs are visible.
 # The pid file (the shell execs `dg dev`, so it is dg's pid) tells `make demo` the instance is in

@@ -38,8 +38,6 @@ from tests.support import all_rows
 
 pytestmark = [
     pytest.mark.slow,
-    # One webserver at a time: two at once on a 2-core runner only slow each other down.
-    pytest.mark.xdist_group("webserver"),
     # DagsterGraphQLClient still calls gql's deprecated `execute(variable_values=...)`.
     pytest.mark.filterwarnings(
         "ignore:Using variable_values and operation_name:DeprecationWarning"
