@@ -55,7 +55,7 @@ from enum import StrEnum
 from typing import TypeVar
 
 from ..store import status as status_store
-from ..store.activation import read_activation
+from ..store.activation import capture_active
 from ..store.engine import Engine, read_transaction
 from ..store.registry import read_collection_identity_exists
 from ..store.work import WorkRecord, WorkRepository
@@ -194,8 +194,7 @@ def is_terminal(error_code: str, attempt_count: int) -> bool:
 
 def capture_is_active(engine: Engine) -> bool:
     with read_transaction(engine) as connection:
-        row = read_activation(connection)
-    return row is not None and row.state == "active"
+        return capture_active(connection)
 
 
 # --- one job ----------------------------------------------------------------------------------

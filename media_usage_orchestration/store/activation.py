@@ -77,6 +77,12 @@ def read_activation(connection: Connection, *, share_lock: bool = False) -> Acti
     return ActivationRow(**{field: row[field] for field in ActivationRow.__dataclass_fields__})
 
 
+def capture_active(connection: Connection) -> bool:
+    """Whether capture is `active`, read inside the caller's transaction."""
+    row = read_activation(connection)
+    return row is not None and row.state == "active"
+
+
 def read_activation_state(engine: Engine) -> str | None:
     """The activation state; None when the row or the whole table is missing (never activated)."""
     try:

@@ -285,12 +285,8 @@ def read_transaction(engine: Engine) -> Iterator[Connection]:
     its statements). On PostgreSQL its statements run without BEGIN and COMMIT: under READ
     COMMITTED each statement reads its own snapshot either way, so the two round trips would
     buy nothing. Row locks (`FOR SHARE`) belong in `engine.begin()`, never here."""
-    with engine.connect() as connection:
-        if is_postgres(connection):
-            connection = connection.execution_options(isolation_level="AUTOCOMMIT")
-        connection = connection.execution_options(**{_READ_ONLY: True})
-        with connection.begin():
-            yield connection
+    with _without_transaction_block_on_postgres(engine, read_only=True) as connection:
+        yield connection
 
 
 @contextlib.contextmanager
@@ -298,12 +294,18 @@ def single_statement(engine: Engine) -> Iterator[Connection]:
     """For a write that is exactly one statement, atomic by itself with its guard in its own
     WHERE clause: on PostgreSQL it runs without BEGIN and COMMIT, two round trips fewer;
     SQLite takes its write lock as `engine.begin()` does. Never run a second statement in it."""
-    if not is_postgres(engine):
-        with engine.begin() as connection:
-            yield connection
-        return
+    with _without_transaction_block_on_postgres(engine, read_only=False) as connection:
+        yield connection
+
+
+@contextlib.contextmanager
+def _without_transaction_block_on_postgres(engine: Engine, *, read_only: bool):
+    """A connection inside `begin()`: on SQLite that is `BEGIN` (read-only) or `BEGIN
+    IMMEDIATE`; on PostgreSQL the driver runs each statement on its own (autocommit)."""
     with engine.connect() as connection:
-        connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        if is_postgres(connection):
+            connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        connection = connection.execution_options(**{_READ_ONLY: read_only})
         with connection.begin():
             yield connection
 

@@ -43,7 +43,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import FromClause
 from ulid import ULID
 
-from .activation import read_activation
+from .activation import capture_active
 from .clock import (
     is_due,
     lease_live_at_clock,
@@ -499,11 +499,6 @@ def _token_parameter(rank: int) -> str:
     return f"claim_token_{rank}"
 
 
-def _capture_active(connection: Connection) -> bool:
-    row = read_activation(connection)
-    return row is not None and row.state == "active"
-
-
 def _walk_due_indexes_in_order(connection: Connection) -> None:
     """On PostgreSQL, make this claim's branches walk their due index in order. Without fresh
     statistics (a work table that grew since it was last analyzed, as after a reconciliation
@@ -685,20 +680,11 @@ def complete_leases(connection: Connection, leases: Sequence[WorkLease]) -> set[
     parameters = {
         "held_collection_ids": sorted({lease.collection_id for lease in leases}),
         "held_content_ids": [lease.content_id for lease in leases],
-        **_HELD_LEASES.bind(connection.dialect.name, [_lease_row(lease) for lease in leases]),
+        **_HELD_LEASES.bind(connection.dialect.name, [vars(lease) for lease in leases]),
     }
     statement = _complete_leases_statement(connection.dialect.name)
     return {
         (row.collection_id, row.content_id) for row in connection.execute(statement, parameters)
-    }
-
-
-def _lease_row(lease: WorkLease) -> dict[str, Any]:
-    return {
-        "collection_id": lease.collection_id,
-        "content_id": lease.content_id,
-        "work_version": lease.work_version,
-        "lease_token": lease.lease_token,
     }
 
 
@@ -1112,7 +1098,7 @@ class WorkRepository:
         parameters = {_token_parameter(rank): token for rank, token in enumerate(tokens, start=1)}
         parameters[_CLAIM_COLLECTION.key] = collection_id
         with self.engine.begin() as connection:
-            if while_capture_active and not _capture_active(connection):
+            if while_capture_active and not capture_active(connection):
                 return None
             _walk_due_indexes_in_order(connection)
             statement = _claim_batch_statement(
