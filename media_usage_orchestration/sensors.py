@@ -88,7 +88,6 @@ def probe_when_ready(
         if skip := database_not_ready(database):
             return skip
         _schema_found.add(engine)
-        return probe(engine)
     try:
         return probe(engine)
     except Exception:
