@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +28,8 @@ from media_usage_orchestration.store.engine import DATABASE_URL_ENV
 
 REPOSITORY = "__repository__"
 RUN_SECONDS = 180
+# The code server stops once its calls and runs have finished, or after 60 s.
+CODE_SERVER_EXIT_SECONDS = 90
 
 PARTITION_STATUS_QUERY = """
 query ($repositorySelector: RepositorySelector!, $partitionSetName: String!) {
@@ -43,15 +46,55 @@ query ($repositorySelector: RepositorySelector!, $partitionSetName: String!) {
 @contextlib.contextmanager
 def dev_context(home: Path, url: str, monkeypatch) -> Iterator[WorkspaceProcessContext]:
     """The instance as `make dev` opens it (no overrides) and the workspace.yaml location, its
-    code server reading `url` as the database."""
+    code server reading `url` as the database. On exit it waits until the processes it
+    started are gone, as after stopping `make dev`: the code server outlives the context
+    until its run processes have exited, and those still write to the instance after their
+    runs have finished ("Process for run exited")."""
     monkeypatch.setenv(DATABASE_URL_ENV, url)
+    before = _live_descendants(os.getpid())
     with (
         dg.DagsterInstance.from_config(str(home)) as instance,
         WorkspaceProcessContext(
             instance, WorkspaceFileTarget(paths=[str(PROJECT_WORKSPACE)])
         ) as context,
     ):
+        started = _live_descendants(os.getpid()) - before
         yield context
+    _wait_until_gone(started | (_live_descendants(os.getpid()) - before))
+
+
+def _live_descendants(pid: int) -> set[int]:
+    """The processes below `pid` that have not exited (zombies count as exited)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _wait_until_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + CODE_SERVER_EXIT_SECONDS
+    while alive := {pid for pid in pids if _is_running(pid)}:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Processes {sorted(alive)} outlived `make dev`'s context")
+        time.sleep(0.2)  # other processes finishing
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def graphql(context: WorkspaceProcessContext, query: str, **variables: Any) -> dict[str, Any]:
