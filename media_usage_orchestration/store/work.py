@@ -1020,24 +1020,30 @@ class WorkRepository:
             row = connection.execute(statement).first()
         return _record(row._mapping) if row else None
 
-    def collection_has_live_leases(self, collection_id: str) -> bool:
-        """Whether some of the collection's work is leased and its lease still live: another
-        claimer is processing it and will complete, retry or fail it under its own lease (or
-        let the lease lapse, after which it is due again). Served by the lease index."""
-        require_text(collection_id, "Media usage live-lease check requires a collection ID")
-        statement = (
-            select(literal(1))
-            .select_from(work)
-            .where(
-                work.c.state == _LEASED,
-                work.c.collection_id == collection_id,
-                work.c.lease_expires_at.is_not(None),
-                _lease_is_live(),
+    def collection_has_work_in_hand(self, collection_id: str) -> bool:
+        """Whether some of the collection's work is leased with a live lease, or due now.
+
+        Leased: another claimer is processing it and will complete, retry or fail it under its
+        own lease (or let the lease lapse, after which it is due again). Due now although a
+        claim just took nothing: on PostgreSQL a concurrent claim has locked those rows and
+        not committed yet (`FOR UPDATE SKIP LOCKED` skipped them), so its leases are not
+        visible to this statement; or the rows became due after that claim. Either way the
+        next claim, or the lease check after it, sees them. Work backing off (retry not yet
+        due) is in nobody's hand. Both probes walk the (collection, state) index."""
+        require_text(collection_id, "Media usage work-in-hand check requires a collection ID")
+        statement = select(
+            or_(
+                exists().where(
+                    work.c.state == _LEASED,
+                    work.c.collection_id == collection_id,
+                    work.c.lease_expires_at.is_not(None),
+                    _lease_is_live(),
+                ),
+                exists().where(work.c.collection_id == collection_id, _is_claimable()),
             )
-            .limit(1)
         )
         with read_transaction(self.engine) as connection:
-            return connection.execute(statement).first() is not None
+            return bool(connection.execute(statement).scalar())
 
     def claim_work(
         self, collection_id: str, content_id: str, work_version: int | str, lease_seconds: int

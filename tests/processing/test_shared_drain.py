@@ -12,6 +12,9 @@ import queue
 import threading
 from collections import Counter
 
+import pytest
+from sqlalchemy import select
+
 from media_usage_orchestration.processing import phases
 from media_usage_orchestration.processing.reconciliation import walks
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
@@ -109,6 +112,42 @@ def test_work_backing_off_is_left_to_the_barrier_without_waiting(db):
     assert claimed_by_drain(paging) == 3
     assert list(work_rows(db.engine, collection)) == [record.content_id]
     assert work_barrier(db.engine, paging.lease).state is WorkBarrierState.PENDING
+
+
+def test_the_drain_waits_for_a_claim_that_has_locked_due_items_and_not_committed(db):
+    """On PostgreSQL a work run's claim locks its candidates (`FOR UPDATE SKIP LOCKED`)
+    before its leases commit: meanwhile the drain's claim skips them and no live lease is
+    visible, yet they are due. The drain waits rather than leave them to the barrier (which
+    would hand the run back for 30 s)."""
+    if not db.is_postgres:
+        pytest.skip("row locks a claim skips exist only on PostgreSQL; SQLite serializes claims")
+    collection = untrusted_collection(db.engine, "articles", entry_ids(12))
+    claim = scanned(db, collection)
+    claimer = db.engine.connect()
+    in_flight = claimer.begin()
+    locked = claimer.execute(
+        select(schema.work.c.content_id)
+        .where(schema.work.c.collection_id == collection.id)
+        .order_by(schema.work.c.content_id)
+        .limit(3)
+        .with_for_update()
+    ).all()
+    pauses = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        in_flight.rollback()  # the claim ends without taking them: they are due again
+
+    try:
+        paging = walks.drain_collection_work(db.engine, claim, Budget(100), BATCH, pause=pause)
+    finally:
+        claimer.close()
+
+    assert len(locked) == 3 and len(pauses) == 1
+    assert paging.end is PagingEnd.DONE
+    assert claimed_by_drain(paging) == 12
+    assert work_rows(db.engine, collection) == {}
+    assert work_barrier(db.engine, paging.lease).state is WorkBarrierState.EMPTY
 
 
 def test_a_work_run_and_the_reconciliation_drain_each_item_exactly_once(db, monkeypatch):

@@ -94,7 +94,8 @@ def drain_collection_work(
     Work runs may claim the same collection's due items at the same time (on PostgreSQL
     concurrent claims skip each other's locked rows), each batch under its own leases. When
     nothing is left to claim but other claimers still hold live leases on the collection's
-    work, the drain waits for them (`pause`, lease renewed between polls, within the budget)
+    work, or are claiming it at this moment (due rows a claim has locked and not committed
+    yet), the drain waits for them (`pause`, lease renewed between polls, within the budget)
     instead of leaving the barrier pending for 30 s. What cannot run now and is held by
     nobody (retrying later) is left to the barrier of the next step."""
     with phase("drain"):
@@ -110,7 +111,7 @@ def drain_collection_work(
                 return Page(done, claim, more=True)
             if done.claimed_count > 0:
                 return Page(done, claim, more=_work_pending(engine, claim))
-            if done.inactive or not repository.collection_has_live_leases(claim.collection_id):
+            if done.inactive or not repository.collection_has_work_in_hand(claim.collection_id):
                 return Page(done, claim, more=False)
             pause(OTHER_CLAIMERS_POLL_SECONDS)
             return Page(done, claim, more=_work_pending(engine, claim))
