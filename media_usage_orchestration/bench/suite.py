@@ -4,7 +4,9 @@ peak RSS is that measurement's), then one summary table and the targets, met or 
     python -m media_usage_orchestration.bench.suite --entries 5000 --postgres-url URL
 
 Measurements: the four reconciliation combinations (SQLite/PostgreSQL x driver/Dagster) at N
-entries; 10 N entries with the driver and with Dagster on SQLite (and the driver on PostgreSQL
+entries, `--repeat` times in alternation (this machine's speed drifts by 10-15 % within
+minutes, so one pair can differ by that much for no reason of its own; the targets are judged
+on each combination's median); 10 N entries with the driver and with Dagster on SQLite (and the driver on PostgreSQL
 unless `--no-large-postgres`); the drain with 2 workers on PostgreSQL against one; the work sensor's
 tick over `--tick-rows` generated work rows on both dialects.
 """
@@ -43,16 +45,21 @@ class Measurement:
     arguments: tuple[str, ...]
     record: dict = field(default_factory=dict)
     failed: str | None = None
+    round: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.name if self.round == 1 else f"{self.name} #{self.round}"
 
 
 def bench_command(arguments: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "media_usage_orchestration.cli", "bench", *arguments]
 
 
-def run_measurement(name: str, arguments: Sequence[str]) -> Measurement:
+def run_measurement(name: str, arguments: Sequence[str], round_: int = 1) -> Measurement:
     """One `media-usage bench` process; its output passes through, its last line is the
     record."""
-    console.rule(f"[bold]{name}")
+    console.rule(f"[bold]{Measurement(name, (), round=round_).label}")
     process = subprocess.Popen(
         bench_command(arguments), stdout=subprocess.PIPE, text=True, encoding="utf-8"
     )
@@ -62,37 +69,44 @@ def run_measurement(name: str, arguments: Sequence[str]) -> Measurement:
         if line.strip():
             last = line.strip()
     code = process.wait()
+    arguments = tuple(arguments)
     try:
         record = json.loads(last)
     except json.JSONDecodeError:
-        return Measurement(name, tuple(arguments), failed=f"exit {code}, no record")
+        return Measurement(name, arguments, failed=f"exit {code}, no record", round=round_)
     if code != 0:
-        return Measurement(name, tuple(arguments), record, failed=f"exit {code}")
-    return Measurement(name, tuple(arguments), record)
+        return Measurement(name, arguments, record, failed=f"exit {code}", round=round_)
+    return Measurement(name, arguments, record, round=round_)
 
 
 def plan(
-    entries: int, postgres_url: str, tick_rows: int, large_postgres: bool
-) -> list[tuple[str, list[str]]]:
+    entries: int, postgres_url: str, tick_rows: int, large_postgres: bool, repeat: int = 1
+) -> list[tuple[str, list[str], int]]:
+    """(name, arguments, round) of every measurement, in the order they run."""
     postgres = ["--database-url", postgres_url]
     large = str(entries * 10)
-    measurements = [
+    base = [
         ("sqlite driver", ["--entries", str(entries), "--mode", "driver"]),
         ("sqlite dagster", ["--entries", str(entries), "--mode", "dagster"]),
         ("postgresql driver", ["--entries", str(entries), "--mode", "driver", *postgres]),
         ("postgresql dagster", ["--entries", str(entries), "--mode", "dagster", *postgres]),
+    ]
+    measurements = [
+        (name, arguments, round_) for round_ in range(1, repeat + 1) for name, arguments in base
+    ]
+    once = [
         ("sqlite driver 10x", ["--entries", large, "--mode", "driver"]),
         # Dagster's cost is per run, not per entry: the ratio at 10x shows how much is fixed.
         ("sqlite dagster 10x", ["--entries", large, "--mode", "dagster"]),
     ]
     if large_postgres:
-        measurements.append(("postgresql driver 10x", ["--entries", large, *postgres]))
-    measurements += [
+        once.append(("postgresql driver 10x", ["--entries", large, *postgres]))
+    once += [
         ("postgresql 2 workers", ["--entries", str(entries), "--workers", "2", *postgres]),
         ("sqlite tick", ["--workload", "tick", "--entries", str(tick_rows)]),
         ("postgresql tick", ["--workload", "tick", "--entries", str(tick_rows), *postgres]),
     ]
-    return measurements
+    return measurements + [(name, arguments, 1) for name, arguments in once]
 
 
 # --- the summary --------------------------------------------------------------------------------
@@ -107,13 +121,13 @@ def summary_table(measurements: Sequence[Measurement]) -> Table:
     for each in measurements:
         record = each.record
         if each.failed and not record:
-            table.add_row(each.name, *["-"] * 11, each.failed)
+            table.add_row(each.label, *["-"] * 11, each.failed)
             continue
         if record.get("workload") == "tick":
             continue
         phases = record.get("phases", {})
         table.add_row(
-            each.name,
+            each.label,
             f"{record['entries']:,}",
             f"{record['seconds']:.2f}",
             f"{record['entries_per_second']:,.0f}",
@@ -126,16 +140,40 @@ def summary_table(measurements: Sequence[Measurement]) -> Table:
 
 
 def _by_name(measurements: Sequence[Measurement]) -> dict[str, dict]:
-    return {each.name: each.record for each in measurements if each.record}
+    """Each name's record; of a repeated measurement, the one of median time (the lower of
+    the two middle ones for an even count)."""
+    grouped: dict[str, list[dict]] = {}
+    for each in measurements:
+        if each.record:
+            grouped.setdefault(each.name, []).append(each.record)
+    return {
+        name: sorted(records, key=lambda record: record.get("seconds", 0.0))[
+            (len(records) - 1) // 2
+        ]
+        for name, records in grouped.items()
+    }
+
+
+def _repeats(measurements: Sequence[Measurement]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for each in measurements:
+        if each.record:
+            counts[each.name] = counts.get(each.name, 0) + 1
+    return counts
 
 
 def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | None, str, bool]]:
     """(what, value, target, met) for every acceptance number the run measured."""
     records = _by_name(measurements)
+    repeats = _repeats(measurements)
     found = []
 
     def add(what: str, value: float | None, target: str, met: bool) -> None:
         found.append((what, value, target, met))
+
+    def median_of(*names: str) -> str:
+        times = max(repeats.get(name, 1) for name in names)
+        return f" (medians of {times})" if times > 1 else ""
 
     for dialect, name in (
         ("sqlite", "sqlite_dagster_rate"),
@@ -145,7 +183,7 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
         if dagster:
             rate = dagster["entries_per_second"]
             add(
-                f"{dialect} Dagster entries/s",
+                f"{dialect} Dagster entries/s{median_of(f'{dialect} dagster')}",
                 rate,
                 f">= {TARGETS[name]:,.0f}",
                 rate >= TARGETS[name],
@@ -153,7 +191,8 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
         if dagster and driver:
             ratio = round(dagster["seconds"] / driver["seconds"], 2)
             limit = TARGETS["dagster_over_driver"]
-            add(f"{dialect} Dagster/driver time", ratio, f"<= {limit}", ratio <= limit)
+            what = f"{dialect} Dagster/driver time{median_of(f'{dialect} dagster')}"
+            add(what, ratio, f"<= {limit}", ratio <= limit)
         large = records.get(f"{dialect} driver 10x")
         large_dagster = records.get(f"{dialect} dagster 10x")
         if large and large_dagster:
@@ -198,10 +237,10 @@ def print_summary(measurements: Sequence[Measurement]) -> None:
     wide.print(summary_table(measurements))
     for what, value, target, met in findings(measurements):
         mark = "[green]met[/]" if met else "[red]NOT met[/]"
-        wide.print(f"  {what:<48} {value!s:>10}  target {target:<9} {mark}")
+        wide.print(f"  {what:<60} {value!s:>10}  target {target:<9} {mark}")
     for each in measurements:
         if each.failed:
-            wide.print(f"  [red]{each.name} failed: {each.failed}[/]")
+            wide.print(f"  [red]{each.label} failed: {each.failed}[/]")
 
 
 @click.command()
@@ -209,11 +248,22 @@ def print_summary(measurements: Sequence[Measurement]) -> None:
 @click.option("--postgres-url", required=True, help="The PostgreSQL server (fresh schemas).")
 @click.option("--tick-rows", default=1_000_000, show_default=True, type=click.IntRange(1))
 @click.option("--large-postgres/--no-large-postgres", default=True, show_default=True)
-def main(entries: int, postgres_url: str, tick_rows: int, large_postgres: bool) -> None:
+@click.option(
+    "--repeat",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 9),
+    help="Rounds of the four base-size reconciliations, in alternation; medians are judged.",
+)
+def main(
+    entries: int, postgres_url: str, tick_rows: int, large_postgres: bool, repeat: int
+) -> None:
     """Run every bench measurement in its own process and print one summary."""
     measurements = [
-        run_measurement(name, arguments)
-        for name, arguments in plan(entries, postgres_url, tick_rows, large_postgres)
+        run_measurement(name, arguments, round_)
+        for name, arguments, round_ in plan(
+            entries, postgres_url, tick_rows, large_postgres, repeat
+        )
     ]
     print_summary(measurements)
     if any(each.failed for each in measurements):
