@@ -1021,27 +1021,21 @@ class WorkRepository:
         return _record(row._mapping) if row else None
 
     def collection_has_work_in_hand(self, collection_id: str) -> bool:
-        """Whether some of the collection's work is leased with a live lease, or due now.
+        """Whether some of the collection's work is leased, or due now.
 
         Leased: another claimer is processing it and will complete, retry or fail it under its
-        own lease (or let the lease lapse, after which it is due again). Due now although a
-        claim just took nothing: on PostgreSQL a concurrent claim has locked those rows and
-        not committed yet (`FOR UPDATE SKIP LOCKED` skipped them), so its leases are not
-        visible to this statement; or the rows became due after that claim. Either way the
-        next claim, or the lease check after it, sees them. Work backing off (retry not yet
-        due) is in nobody's hand. Both probes walk the (collection, state) index."""
+        own lease, or let the lease lapse, after which the next claim takes it over. Due now
+        although a claim just took nothing: on PostgreSQL a concurrent claim has locked those
+        rows and not committed yet (`FOR UPDATE SKIP LOCKED` skipped them), so its leases are
+        not visible to this statement; or the rows became due after that claim. Either way the
+        next claim, or the check after it, sees them. Work backing off (retry not yet due) is
+        in nobody's hand, and neither is a lease without an expiry (never taken over). One
+        probe, served by the (collection, state) index."""
         require_text(collection_id, "Media usage work-in-hand check requires a collection ID")
-        statement = select(
-            or_(
-                exists().where(
-                    work.c.state == _LEASED,
-                    work.c.collection_id == collection_id,
-                    work.c.lease_expires_at.is_not(None),
-                    _lease_is_live(),
-                ),
-                exists().where(work.c.collection_id == collection_id, _is_claimable()),
-            )
+        in_hand = or_(
+            and_(work.c.state == _LEASED, work.c.lease_expires_at.is_not(None)), _is_claimable()
         )
+        statement = select(exists().where(work.c.collection_id == collection_id, in_hand))
         with read_transaction(self.engine) as connection:
             return bool(connection.execute(statement).scalar())
 
