@@ -67,11 +67,8 @@ def _live_descendants(pid: int) -> set[int]:
     """The processes below `pid` that have not exited (zombies count as exited)."""
     parents: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        if fields[0] != "Z":
+        fields = _stat_fields(stat)
+        if fields is not None and fields[0] != "Z":
             parents[int(stat.parent.name)] = int(fields[1])
     found: set[int] = set()
     frontier = {pid}
@@ -90,11 +87,17 @@ def _wait_until_gone(pids: set[int]) -> None:
 
 
 def _is_running(pid: int) -> bool:
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields is not None and fields[0] != "Z"
+
+
+def _stat_fields(stat: Path) -> list[str] | None:
+    """A process's `/proc/<pid>/stat` fields after its command name (state first, then the
+    parent's pid); None once the process is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-    return state != "Z"
+        return None
 
 
 def graphql(context: WorkspaceProcessContext, query: str, **variables: Any) -> dict[str, Any]:

@@ -6,9 +6,9 @@ peak RSS is that measurement's), then one summary table and the targets, met or 
 Measurements: the four reconciliation combinations (SQLite/PostgreSQL x driver/Dagster) at N
 entries, `--repeat` times in alternation (this machine's speed drifts by 10-15 % within
 minutes, so one pair can differ by that much for no reason of its own; the targets are judged
-on each combination's median); 10 N entries with the driver and with Dagster on SQLite (and the driver on PostgreSQL
-unless `--no-large-postgres`); the drain with 2 workers on PostgreSQL against one; the work sensor's
-tick over `--tick-rows` generated work rows on both dialects.
+on each combination's median); 10 N entries with the driver and with Dagster on SQLite (and
+the driver on PostgreSQL unless `--no-large-postgres`); the drain with 2 workers on PostgreSQL
+against one; the work sensor's tick over `--tick-rows` generated work rows on both dialects.
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ class Measurement:
 
     @property
     def label(self) -> str:
-        return self.name if self.round == 1 else f"{self.name} #{self.round}"
+        return measurement_label(self.name, self.round)
+
+
+def measurement_label(name: str, round_: int) -> str:
+    return name if round_ == 1 else f"{name} #{round_}"
 
 
 def bench_command(arguments: Sequence[str]) -> list[str]:
@@ -59,7 +63,7 @@ def bench_command(arguments: Sequence[str]) -> list[str]:
 def run_measurement(name: str, arguments: Sequence[str], round_: int = 1) -> Measurement:
     """One `media-usage bench` process; its output passes through, its last line is the
     record."""
-    console.rule(f"[bold]{Measurement(name, (), round=round_).label}")
+    console.rule(f"[bold]{measurement_label(name, round_)}")
     process = subprocess.Popen(
         bench_command(arguments), stdout=subprocess.PIPE, text=True, encoding="utf-8"
     )
@@ -139,40 +143,30 @@ def summary_table(measurements: Sequence[Measurement]) -> Table:
     return table
 
 
-def _by_name(measurements: Sequence[Measurement]) -> dict[str, dict]:
-    """Each name's record; of a repeated measurement, the one of median time (the lower of
-    the two middle ones for an even count)."""
+def _records_by_name(measurements: Sequence[Measurement]) -> dict[str, list[dict]]:
+    """Each name's records, a repeated measurement's in order of time."""
     grouped: dict[str, list[dict]] = {}
     for each in measurements:
         if each.record:
             grouped.setdefault(each.name, []).append(each.record)
     return {
-        name: sorted(records, key=lambda record: record.get("seconds", 0.0))[
-            (len(records) - 1) // 2
-        ]
+        name: sorted(records, key=lambda record: record.get("seconds", 0.0))
         for name, records in grouped.items()
     }
 
 
-def _repeats(measurements: Sequence[Measurement]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for each in measurements:
-        if each.record:
-            counts[each.name] = counts.get(each.name, 0) + 1
-    return counts
-
-
 def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | None, str, bool]]:
     """(what, value, target, met) for every acceptance number the run measured."""
-    records = _by_name(measurements)
-    repeats = _repeats(measurements)
+    by_name = _records_by_name(measurements)
+    # Of a repeated measurement, the run of median time (the lower middle one for an even count).
+    records = {name: runs[(len(runs) - 1) // 2] for name, runs in by_name.items()}
     found = []
 
     def add(what: str, value: float | None, target: str, met: bool) -> None:
         found.append((what, value, target, met))
 
-    def median_of(*names: str) -> str:
-        times = max(repeats.get(name, 1) for name in names)
+    def median_of(name: str) -> str:
+        times = len(by_name.get(name, ()))
         return f" (medians of {times})" if times > 1 else ""
 
     for dialect, name in (
