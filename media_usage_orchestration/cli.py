@@ -28,12 +28,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .bench import bench
-from .console import add_row, coverage_table, items_table, literal
-from .processing import operator, usage
-from .processing.verify import VerifyReport, verify_index
-from .store import schema
-from .store.engine import (
+from media_usage_orchestration.bench import bench
+from media_usage_orchestration.console import add_row, coverage_table, items_table, literal
+from media_usage_orchestration.processing import operator, usage
+from media_usage_orchestration.processing.verify import VerifyReport, verify_index
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import (
     DATABASE_URL_ENV,
     ArgumentError,
     DatabaseFileError,
@@ -45,8 +45,8 @@ from .store.engine import (
     redacted_url,
     scrubbed,
 )
-from .store.leases import LeaseState
-from .store.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.store.core.leases import LeaseState
+from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
 
 # Piped or logged output is not cut at rich's default 80 columns: the status table is wider.
 _WIDTH = None if sys.stdout.isatty() else 160
@@ -219,7 +219,7 @@ def _status_problem(status: operator.CollectionStatus) -> str:
 def demo(database_url: str | None, dagster_home: Path) -> None:
     """Build the demo database and drive the real jobs on it: activation, reconciliation until
     every collection is covered, an edit wave, a forced collection deletion."""
-    from .demo import run_demo
+    from media_usage_orchestration.demo import run_demo
 
     url = database_url or default_database_url()
     _engine(url)  # an unusable URL is bad usage here, and the error handler knows the URL

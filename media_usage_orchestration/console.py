@@ -9,8 +9,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from .processing import operator
-from .store.engine import Engine
+from media_usage_orchestration.processing import operator
+from media_usage_orchestration.store.core.engine import Engine
 
 
 def literal(value: Any) -> Text:

@@ -4,13 +4,13 @@ loads: `defs` with those assets."""
 
 import dagster as dg
 
-from . import jobs, schedules, sensors
-from .ops.coverage import coverage_complete, media_usage_index
-from .ops.coverage_history import with_coverage_history
-from .ops.media_library import media_usage_media_library
-from .ops.projection_gc import media_usage_projection_cleanup
-from .resources.automation import MediaUsageAutomation
-from .resources.database import MediaUsageDatabase
+from media_usage_orchestration import jobs, schedules, sensors
+from media_usage_orchestration.assets.coverage_history import with_coverage_history
+from media_usage_orchestration.assets.index import coverage_complete, media_usage_index
+from media_usage_orchestration.assets.media_library import media_usage_media_library
+from media_usage_orchestration.assets.projection_cleanup import media_usage_projection_cleanup
+from media_usage_orchestration.resources.automation import MediaUsageAutomation
+from media_usage_orchestration.resources.database import MediaUsageDatabase
 
 defs = dg.Definitions(
     assets=[media_usage_index, media_usage_projection_cleanup, media_usage_media_library],

@@ -26,24 +26,26 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import sample_content
-from .console import status_table
-from .local_instance import (
+from media_usage_orchestration.console import status_table
+from media_usage_orchestration.emdash_double import cms_writer as cms
+from media_usage_orchestration.emdash_double import sample_content
+from media_usage_orchestration.local.instance_home import (
     KEPT_ON_RESET,
     LOCAL_INSTANCE_MARKER,
     instance_in_use,
     is_foreign_instance,
 )
-from .processing.verify import verify_index
-from .store import audit, cms, schema
-from .store.engine import (
+from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.store import audit
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import (
     Engine,
     create_database_engine,
     read_transaction,
     redacted_url,
     sqlite_database_file,
 )
-from .store.registry import holds_collections, list_collection_slugs
+from media_usage_orchestration.store.registry import holds_collections, list_collection_slugs
 
 
 @dataclass(frozen=True)
@@ -78,11 +80,11 @@ def run_demo(
     _refuse_a_foreign_instance(dagster_home)
     with phases.measure("database"):
         engine = _prepare_database(url, console)
-    from .instance_runner import instance_runner_in_background
+    from media_usage_orchestration.local.daemon_lane import open_daemon_lane_in_background
 
     with (
         _demo_instance(dagster_home, console) as instance,
-        instance_runner_in_background(instance, url) as started_runner,
+        open_daemon_lane_in_background(instance, url) as started_runner,
     ):
         with phases.measure("content (the code server starting meanwhile)"):
             _write_content(engine, collections)
@@ -221,7 +223,7 @@ def _demo_instance(dagster_home: Path, console: Console) -> Iterator[Any]:
     """A persistent instance in the demo's own directory, so `make dev` shows its runs. Only a
     directory the demo created (it carries a marker) is ever emptied. The demo executes the
     runs it launches itself; `dagster.yaml` stays what `make dev` uses."""
-    from .instance_runner import synchronous_instance
+    from media_usage_orchestration.local.daemon_lane import synchronous_instance
 
     marker = dagster_home / LOCAL_INSTANCE_MARKER
     _refuse_a_foreign_instance(dagster_home)
@@ -262,8 +264,8 @@ def _run_jobs(
 ) -> list[Any]:
     import dagster as dg
 
-    from .instance_runner import quiet_run_logs, run_outcome
-    from .local_runner import LaneRun
+    from media_usage_orchestration.local.daemon_lane import quiet_run_logs, run_outcome
+    from media_usage_orchestration.local.in_process_lane import LaneRun
 
     runs: list[LaneRun] = []
 

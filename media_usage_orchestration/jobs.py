@@ -2,9 +2,9 @@
 
 import dagster as dg
 
-from .ops.activation import activate_capture
-from .ops.coverage import coverage_complete
-from .ops.deletion import (
+from media_usage_orchestration.assets.index import coverage_complete
+from media_usage_orchestration.ops.activation import activate_capture
+from media_usage_orchestration.ops.deletion import (
     claim_deletion,
     delete_sources,
     delete_status,
@@ -15,15 +15,20 @@ from .ops.deletion import (
     remove_registry,
     request_deletion,
 )
-from .ops.maintenance import settle_and_seed_reconciliations, sync_collection_partitions
-from .ops.media_library import summarize_media_library
-from .ops.operator import (
+from media_usage_orchestration.ops.maintenance import (
+    settle_and_seed_reconciliations,
+    sync_collection_partitions,
+)
+from media_usage_orchestration.ops.operator import (
     reopen_collection_deletion,
     reopen_failed_work,
     reopen_reconciliation,
 )
-from .ops.projection_gc import collect_projection_garbage
-from .ops.reconciliation import (
+from media_usage_orchestration.ops.projection_gc import (
+    collect_projection_garbage,
+    summarize_media_library,
+)
+from media_usage_orchestration.ops.reconciliation import (
     claim_reconciliation,
     drain_collection_work,
     finalize_coverage,
@@ -31,8 +36,8 @@ from .ops.reconciliation import (
     scan_pages,
     scan_sources,
 )
-from .ops.work import project_due_work
-from .partitions import media_usage_collections
+from media_usage_orchestration.ops.work import drain_due_work
+from media_usage_orchestration.partitions import media_usage_collections
 
 
 @dg.job(
@@ -84,7 +89,7 @@ def media_usage_collection_deletion():
     tags={"media_usage/workflow": "work"},
 )
 def media_usage_work():
-    project_due_work()
+    drain_due_work()
 
 
 @dg.job(

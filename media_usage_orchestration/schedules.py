@@ -4,13 +4,13 @@ no runs at all."""
 
 import dagster as dg
 
-from .jobs import media_usage_maintenance
-from .ops.common import automation_default_schedule_status
-from .partitions import partition_changes
-from .resources.database import MediaUsageDatabase
-from .sensors import database_not_ready
-from .store.probes import pending_settlements
-from .store.registry import read_collection_slugs
+from media_usage_orchestration.jobs import media_usage_maintenance
+from media_usage_orchestration.ops.common import automation_default_schedule_status
+from media_usage_orchestration.partitions import partition_changes
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.sensors import database_not_ready
+from media_usage_orchestration.store.probes import pending_settlements
+from media_usage_orchestration.store.registry import read_collection_slugs
 
 
 def pending_maintenance(instance: dg.DagsterInstance, database: MediaUsageDatabase) -> list[str]:

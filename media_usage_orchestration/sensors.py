@@ -12,29 +12,29 @@ from typing import TypeVar
 
 import dagster as dg
 
-from .jobs import (
+from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
     media_usage_projection_gc,
     media_usage_reconciliation,
     media_usage_work,
 )
-from .ops.common import automation_default_status
-from .ops.leased import COLLECTION_TAG
-from .partitions import media_usage_collections
-from .processing.projection_gc import GcLimits
-from .resources.automation import MediaUsageAutomation
-from .resources.database import MediaUsageDatabase
-from .store.deletions import DeletionRepository
-from .store.engine import (
+from media_usage_orchestration.ops.common import automation_default_status
+from media_usage_orchestration.ops.leased import COLLECTION_TAG
+from media_usage_orchestration.partitions import media_usage_collections
+from media_usage_orchestration.processing.projection_gc import GcLimits
+from media_usage_orchestration.resources.automation import MediaUsageAutomation
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.core.engine import (
     CONNECTION_ERRORS,
     DATABASE_URL_ENV,
     Engine,
     database_error_message,
     scrubbed,
 )
-from .store.probes import due_reconciliations, earliest_due_work
-from .store.projection_gc import ProjectionGcRepository
-from .store.schema import missing_tables
+from media_usage_orchestration.store.core.schema import missing_tables
+from media_usage_orchestration.store.deletions import DeletionRepository
+from media_usage_orchestration.store.probes import due_reconciliations, earliest_due_work
+from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
 
 COLLECTION_ID_TAG = "media_usage/collection_id"
 IN_FLIGHT_STATUSES = [
@@ -219,7 +219,7 @@ def media_usage_work_sensor(
         ),
         run_config={
             "ops": {
-                "process_due_work": {
+                "drain_due_work": {
                     "config": {
                         "max_items": automation.work_items_per_run,
                         "max_seconds": automation.work_seconds_per_run,

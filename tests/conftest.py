@@ -16,10 +16,10 @@ import dagster as dg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
+from media_usage_orchestration.emdash_double.scratch import scratch_schema
 from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.store.engine import create_database_engine
-from media_usage_orchestration.store.schema import install_schema
-from media_usage_orchestration.store.scratch import scratch_schema
+from media_usage_orchestration.store.core.engine import create_database_engine
+from media_usage_orchestration.store.core.schema import install_schema
 
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DIALECTS = ("sqlite", "postgres")

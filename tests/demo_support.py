@@ -23,8 +23,8 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
 from dagster_graphql.client.query import LAUNCH_PIPELINE_REEXECUTION_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
 
-from media_usage_orchestration.instance_runner import LOCATION_NAME, PROJECT_WORKSPACE
-from media_usage_orchestration.store.engine import DATABASE_URL_ENV
+from media_usage_orchestration.local.daemon_lane import LOCATION_NAME, PROJECT_WORKSPACE
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 
 REPOSITORY = "__repository__"
 RUN_SECONDS = 180

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
-from media_usage_orchestration.store.cleanup_fence import SQLITE_TRIGGERS, missing_fence
+from media_usage_orchestration.store.core.cleanup_fence import SQLITE_TRIGGERS, missing_fence
 
 EMDASH_SQLITE_FENCE = (
     "emdash_media_usage_fence_source_generation_insert",

@@ -16,11 +16,11 @@ from typing import Any
 from sqlalchemy import Engine, Table, insert, text
 from sqlalchemy.sql.elements import ClauseElement
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.clock import timestamp_offset
-from media_usage_orchestration.store.cms import Collection
-from media_usage_orchestration.store.identifiers import content_table_name
-from media_usage_orchestration.store.schema import COLLECTION_SCOPE, CONTENT_ADAPTER_ID
+from media_usage_orchestration.emdash_double.cms_writer import Collection
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.clock import timestamp_offset
+from media_usage_orchestration.store.core.schema import COLLECTION_SCOPE, CONTENT_ADAPTER_ID
+from media_usage_orchestration.values.identifiers import content_table_name
 
 PAST = "2000-01-01T00:00:00.000Z"
 FUTURE = "2999-01-01T00:00:00.000Z"

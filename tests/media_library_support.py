@@ -6,7 +6,7 @@ import re
 
 from sqlalchemy import Engine, insert
 
-from media_usage_orchestration.store.usage import media_library
+from media_usage_orchestration.store.sources.usage import media_library
 from tests.fixtures import SCHEMA_POSTGRES, SCHEMA_SQLITE
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, func, select, text, update
 
-from media_usage_orchestration.sample_content import MEDIA_FIELDS
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter, Collection, FieldSpec
-from media_usage_orchestration.store.schema import (
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection, FieldSpec
+from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.schema import (
     ACTIVATION_KEY,
     COLLECTION_SCOPE,
     CONTENT_ADAPTER_ID,

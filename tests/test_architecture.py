@@ -1,4 +1,6 @@
-"""The package's shape: SQL lives in store/, the import graph has no cycle, modules stay small.
+"""The package's shape: SQL lives in store/ (and the EmDash double), store/ is in rooms, pure
+values are a leaf, media/ is pure, assets live in assets/, the import graph has no cycle,
+modules stay small.
 
 Read from the source text (ast), so the checks cost nothing at run time and cannot be fooled by
 lazy imports inside functions: every `import` statement counts, wherever it stands.
@@ -13,11 +15,14 @@ import pytest
 
 PACKAGE = "media_usage_orchestration"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
-# Besides store/, only the resource that builds the engine may name SQLAlchemy.
-SQLALCHEMY_ALLOWED = ("store/", "resources/database.py")
+# Besides store/, the resource that builds the engine and the EmDash double (which writes the
+# database as EmDash does) may name SQLAlchemy.
+SQLALCHEMY_ALLOWED = ("store/", "resources/database.py", "emdash_double/")
 # The three repositories that mirror EmDash's seed files keep the seeds' shape, whole.
 SEED_MIRRORS = {"store/work.py", "store/reconciliations.py", "store/deletions.py"}
 MAX_MODULE_LINES = 800
+# store/'s rooms below its top, where the seed mirrors and the other repositories stand.
+STORE_ROOMS = {"core", "sources"}
 
 
 def _modules() -> dict[str, Path]:
@@ -125,31 +130,112 @@ def test_modules_stay_under_the_size_limit():
     assert oversized == {}
 
 
-def _touches_the_database(module: str) -> bool:
-    names = _imported_names(module, MODULES[module])
-    return any(name.split(".")[0] in ("sqlalchemy", "dagster") for name in names)
+def _package_names(module: str) -> list[str]:
+    """The package-internal modules `module` imports (an import of a package counts as such)."""
+    return [
+        name
+        for name in _imported_names(module, MODULES[module])
+        if name.split(".")[0] == PACKAGE and name != PACKAGE
+    ]
 
 
-def test_media_is_pure_domain_logic():
-    """media/ may use store's pure helpers (identifier rules), never a module that holds SQL."""
-    impure = {
-        _relative(path): names
-        for module, path in MODULES.items()
-        if module.startswith(f"{PACKAGE}.media")
-        and (
-            names := sorted(
-                name
-                for name in _imported_names(module, path)
-                if name.startswith((f"{PACKAGE}.processing", f"{PACKAGE}.ops", "dagster"))
-                or (
-                    name in MODULES
-                    and name.startswith(f"{PACKAGE}.store")
-                    and _touches_the_database(name)
-                )
-            )
-        )
+def _in(module: str, *folders: str) -> bool:
+    return any(module == f"{PACKAGE}.{f}" or module.startswith(f"{PACKAGE}.{f}.") for f in folders)
+
+
+def _imports_outside(folder: str, allowed: tuple[str, ...]) -> dict[str, list[str]]:
+    """For every module of `folder`: the package modules it imports outside `allowed`."""
+    found = {}
+    for module, path in MODULES.items():
+        if not _in(module, folder):
+            continue
+        outside = sorted({name for name in _package_names(module) if not _in(name, *allowed)})
+        if outside:
+            found[_relative(path)] = outside
+    return found
+
+
+def _third_party(module: str) -> set[str]:
+    return {
+        name.split(".")[0]
+        for name in _imported_names(module, MODULES[module])
+        if name.split(".")[0] in ("sqlalchemy", "dagster", "psycopg", "click", "rich", "pydantic")
     }
-    assert impure == {}
+
+
+def test_the_values_leaf_imports_only_itself_and_no_database_or_dagster():
+    assert _imports_outside("values", ("values",)) == {}
+    assert {m: found for m in MODULES if _in(m, "values") and (found := _third_party(m))} == {}
+
+
+def test_media_imports_nothing_but_media_and_the_values_leaf():
+    assert _imports_outside("media", ("media", "values")) == {}
+    assert {m: found for m in MODULES if _in(m, "media") and (found := _third_party(m))} == {}
+
+
+def test_the_store_imports_only_the_store_and_the_values_leaf():
+    assert _imports_outside("store", ("store", "values")) == {}
+
+
+def test_the_stores_core_room_is_its_floor():
+    """core/ (engine, clock, schema, triggers, guard vocabulary) imports no other room and no
+    repository, so every repository and the sources room can build on it."""
+    assert _imports_outside("store.core", ("store.core", "values")) == {}
+
+
+def test_the_store_is_in_its_rooms_with_the_seed_mirrors_at_its_top():
+    store = ROOT / "store"
+    rooms = {path.name for path in store.iterdir() if (path / "__init__.py").exists()}
+    assert rooms == STORE_ROOMS
+    for room in rooms:
+        assert not [p for p in (store / room).iterdir() if (p / "__init__.py").exists()], room
+    assert {mirror for mirror in SEED_MIRRORS if (ROOT / mirror).is_file()} == SEED_MIRRORS
+
+
+def test_only_the_demo_the_bench_and_the_local_lanes_import_the_emdash_double():
+    allowed = ("emdash_double", "bench", "demo", "local")
+    importers = {
+        _relative(path)
+        for module, path in MODULES.items()
+        if not _in(module, *allowed)
+        and any(_in(name, "emdash_double") for name in _package_names(module))
+    }
+    assert importers == set()
+
+
+def _constructs_assets(path: Path) -> set[str]:
+    """Dagster's asset constructors a module calls or decorates with (dg.AssetSpec, ...)."""
+    constructors = {"AssetSpec", "asset", "multi_asset", "asset_check", "AssetChecksDefinition"}
+    tree = ast.parse(path.read_text("utf-8"))
+    from_dagster = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dagster"
+        for alias in node.names
+    }
+    found = set()
+    for node in ast.walk(tree):
+        target = node.func if isinstance(node, ast.Call) else node
+        if (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id in ("dg", "dagster")
+            and target.attr in constructors
+        ):
+            found.add(target.attr)
+        elif isinstance(target, ast.Name) and target.id in constructors & from_dagster:
+            found.add(target.id)
+    return found
+
+
+def test_assets_and_their_checks_are_defined_in_assets():
+    outside = {
+        _relative(path): sorted(found)
+        for module, path in MODULES.items()
+        if not _in(module, "assets") and (found := _constructs_assets(path))
+    }
+    assert outside == {}
+    assert _constructs_assets(ROOT / "assets" / "index.py") >= {"AssetSpec", "asset_check"}
 
 
 @pytest.mark.parametrize(
@@ -163,12 +249,11 @@ def test_cycle_finder_finds_cycles(source, expected):
     assert _find_cycle(source) == expected
 
 
-def test_nothing_below_ops_imports_dagster():
-    below_ops = (f"{PACKAGE}.processing", f"{PACKAGE}.media", f"{PACKAGE}.store")
+def test_nothing_below_ops_and_assets_imports_dagster():
+    below = ("processing", "media", "store", "values", "emdash_double")
     offenders = {
         _relative(path)
         for module, path in MODULES.items()
-        if module.startswith(below_ops)
-        and any(name.split(".")[0] == "dagster" for name in _imported_names(module, path))
+        if _in(module, *below) and "dagster" in _third_party(module)
     }
     assert offenders == set()

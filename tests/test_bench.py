@@ -11,13 +11,13 @@ from click.testing import CliRunner
 
 from media_usage_orchestration.bench.suite import Measurement, findings, plan
 from media_usage_orchestration.cli import main
+from media_usage_orchestration.emdash_double.generated_work import insert_generated_work
+from media_usage_orchestration.emdash_double.statement_counter import counting_statements
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.phases import OTHER, PHASES, PhaseClock, phase, timing
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.engine import create_database_engine
-from media_usage_orchestration.store.generated_work import insert_generated_work
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import create_database_engine
 from media_usage_orchestration.store.probes import earliest_due_work
-from media_usage_orchestration.store.statement_counter import counting_statements
 from tests.conftest import postgres_admin_url, require_postgres
 from tests.support import count, make_collection
 

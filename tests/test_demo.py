@@ -21,12 +21,12 @@ from media_usage_orchestration.demo import (
     DemoCollection,
     run_demo,
 )
-from media_usage_orchestration.instance_runner import LOCATION_NAME, SENSOR_ROUND_SECONDS
-from media_usage_orchestration.local_instance import DEV_PID_FILE
-from media_usage_orchestration.local_runner import LANE_SENSORS
+from media_usage_orchestration.local.daemon_lane import LOCATION_NAME, SENSOR_ROUND_SECONDS
+from media_usage_orchestration.local.in_process_lane import LANE_SENSORS
+from media_usage_orchestration.local.instance_home import DEV_PID_FILE
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.schema import missing_tables
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.schema import missing_tables
 from tests.demo_support import (
     REPOSITORY,
     dequeue_and_wait,

@@ -1,5 +1,5 @@
 """`media-usage bench` and `make bench`: throughput, phases, statements, peak RSS, scale-out."""
 
-from .command import bench
+from media_usage_orchestration.bench.command import bench
 
 __all__ = ["bench"]

@@ -12,11 +12,17 @@ import json
 import click
 from rich.markup import escape
 
-from ..store.engine import redacted_url
-from .database import console, fresh_database, is_postgres_url
-from .measure import BenchResult, Workload, peak_rss_mb, run_reconcile, run_work
-from .report import print_phases, print_result
-from .tick import run_tick
+from media_usage_orchestration.bench.database import console, fresh_database, is_postgres_url
+from media_usage_orchestration.bench.measure import (
+    BenchResult,
+    Workload,
+    peak_rss_mb,
+    run_reconcile,
+    run_work,
+)
+from media_usage_orchestration.bench.report import print_phases, print_result
+from media_usage_orchestration.bench.tick import run_tick
+from media_usage_orchestration.store.core.engine import redacted_url
 
 DEFAULT_ENTRIES = 5000
 

@@ -16,13 +16,19 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from .. import sample_content
-from ..processing.verify import verify_index
-from ..store.cms import CmsWriter, Collection
-from ..store.coverage import read_collection_coverage
-from ..store.engine import URL, ArgumentError, Engine, normalize_url, scrubbed
-from ..store.schema import install_schema
-from ..store.scratch import scratch_schema
+from media_usage_orchestration.emdash_double import sample_content
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection
+from media_usage_orchestration.emdash_double.scratch import scratch_schema
+from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.store.core.engine import (
+    URL,
+    ArgumentError,
+    Engine,
+    normalize_url,
+    scrubbed,
+)
+from media_usage_orchestration.store.core.schema import install_schema
+from media_usage_orchestration.store.coverage import read_collection_coverage
 
 COLLECTION_SLUG = "articles"
 ENTRY_PREFIX = "art"

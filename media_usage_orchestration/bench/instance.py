@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from ..store.scratch import scratch_database
-from .database import is_postgres_url
+from media_usage_orchestration.bench.database import is_postgres_url
+from media_usage_orchestration.emdash_double.scratch import scratch_database
 
 
 @contextlib.contextmanager

@@ -23,16 +23,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from ..processing.activation import activate
-from ..processing.phases import OTHER, PHASES, PhaseClock, phase, timing
-from ..processing.reconciliation.driver import run_to_completion
-from ..processing.reconciliation.model import DRAIN_BATCH_SIZE, ReconciliationOutcome
-from ..processing.work import process_due_batch, process_due_work
-from ..store.cms import Collection
-from ..store.engine import Engine, create_database_engine
-from ..store.registry import read_collection_slugs
-from ..store.statement_counter import counting_statements
-from .database import (
+from media_usage_orchestration.bench.database import (
     COLLECTION_SLUG,
     console,
     coverage_is_complete,
@@ -40,7 +31,19 @@ from .database import (
     index_is_verified,
     insert_entries,
 )
-from .workers import WorkerPool
+from media_usage_orchestration.bench.workers import WorkerPool
+from media_usage_orchestration.emdash_double.cms_writer import Collection
+from media_usage_orchestration.emdash_double.statement_counter import counting_statements
+from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.phases import OTHER, PHASES, PhaseClock, phase, timing
+from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
+from media_usage_orchestration.processing.reconciliation.model import (
+    DRAIN_BATCH_SIZE,
+    ReconciliationOutcome,
+)
+from media_usage_orchestration.processing.work import process_due_batch, process_due_work
+from media_usage_orchestration.store.core.engine import Engine, create_database_engine
+from media_usage_orchestration.store.registry import read_collection_slugs
 
 # Work runs beside a reconciliation claim batches of the drain's size.
 WORK_BATCH_SIZE = DRAIN_BATCH_SIZE
@@ -226,10 +229,10 @@ def dagster_lane(url: str) -> Iterator[Callable[[tuple], int]]:
     what the daemon does: evaluate the given sensors and execute every run they request as a
     real run in the instance until none is requested (returns how many runs that took)."""
 
-    from ..local_runner import run_lane
-    from ..resources.automation import MediaUsageAutomation
-    from ..resources.database import MediaUsageDatabase
-    from .instance import bench_instance
+    from media_usage_orchestration.bench.instance import bench_instance
+    from media_usage_orchestration.local.in_process_lane import run_lane
+    from media_usage_orchestration.resources.automation import MediaUsageAutomation
+    from media_usage_orchestration.resources.database import MediaUsageDatabase
 
     resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
 
@@ -252,8 +255,8 @@ def _as_deployed(instance, url: str) -> None:
     run and event-log storage (with its asset index shard) have been opened before."""
     import dagster as dg
 
-    from ..ops.coverage import MEDIA_USAGE_INDEX
-    from ..partitions import media_usage_collections, partition_changes
+    from media_usage_orchestration.assets.index import MEDIA_USAGE_INDEX
+    from media_usage_orchestration.partitions import media_usage_collections, partition_changes
 
     engine = create_database_engine(url)
     try:
@@ -267,7 +270,7 @@ def _as_deployed(instance, url: str) -> None:
 
 
 def lane_sensors(*names: str) -> tuple:
-    from .. import sensors
+    from media_usage_orchestration import sensors
 
     return tuple(getattr(sensors, name) for name in names)
 

@@ -23,8 +23,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..processing.phases import OTHER, PHASES
-from .database import console
+from media_usage_orchestration.bench.database import console
+from media_usage_orchestration.processing.phases import OTHER, PHASES
 
 # Wide enough for the summary table whatever the terminal (or pipe) says.
 SUMMARY_WIDTH = 160

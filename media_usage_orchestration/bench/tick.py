@@ -12,11 +12,11 @@ import statistics
 import time
 from collections.abc import Callable
 
-from ..processing.activation import activate
-from ..store.engine import create_database_engine
-from ..store.generated_work import insert_generated_work
-from ..store.probes import earliest_due_work
-from .database import console, create_collection
+from media_usage_orchestration.bench.database import console, create_collection
+from media_usage_orchestration.emdash_double.generated_work import insert_generated_work
+from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.store.core.engine import create_database_engine
+from media_usage_orchestration.store.probes import earliest_due_work
 
 PROBES = 20
 EVALUATIONS = 5
@@ -35,10 +35,10 @@ def _milliseconds(action: Callable[[], object], repeat: int) -> list[float]:
 def _sensor_evaluation(url: str) -> Callable[[], object]:
     import dagster as dg
 
-    from ..definitions import defs
-    from ..resources.automation import MediaUsageAutomation
-    from ..resources.database import MediaUsageDatabase
-    from ..sensors import media_usage_work_sensor
+    from media_usage_orchestration.definitions import defs
+    from media_usage_orchestration.resources.automation import MediaUsageAutomation
+    from media_usage_orchestration.resources.database import MediaUsageDatabase
+    from media_usage_orchestration.sensors import media_usage_work_sensor
 
     resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
     instance = dg.DagsterInstance.ephemeral()

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import js_trim
-from .fields import ExtractionField
+from media_usage_orchestration.media.canonical import js_trim
+from media_usage_orchestration.media.fields import ExtractionField
 
 IMAGE_FIELD = "image_field"
 FILE_FIELD = "file_field"

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..store.identifiers import validate_identifier
-from ..store.json_text import parse_json
+from media_usage_orchestration.values.identifiers import validate_identifier
+from media_usage_orchestration.values.json_text import parse_json
 
 SUPPORTED_TOP_LEVEL_TYPES = frozenset({"file", "image", "portableText"})
 DISPLAY_FIELD_SLUGS = ("title", "name")

@@ -13,11 +13,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..store.source_records import PROJECTION_FINGERPRINT_PREFIX
-from .canonical import CanonicalText, canonical_json, sha256_hex, utf8_bytes, utf16_key
-from .extraction import MediaOccurrence
-from .fields import ExtractionField, FieldDiscovery
-from .sources import CONTENT_SOURCE_SCHEMA_VERSION, ContentSource
+from media_usage_orchestration.media.canonical import (
+    CanonicalText,
+    canonical_json,
+    sha256_hex,
+    utf8_bytes,
+    utf16_key,
+)
+from media_usage_orchestration.media.extraction import MediaOccurrence
+from media_usage_orchestration.media.fields import ExtractionField, FieldDiscovery
+from media_usage_orchestration.media.sources import CONTENT_SOURCE_SCHEMA_VERSION, ContentSource
+from media_usage_orchestration.values.source_records import PROJECTION_FINGERPRINT_PREFIX
 
 FINGERPRINT_VERSION = 1
 FIELD_FINGERPRINT_PREFIX = "media-usage-fields:v1:sha256:"

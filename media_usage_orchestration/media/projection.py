@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
-from ..store.source_records import DeletionMeasurement, SourceRow
-from .canonical import canonical_json, utf8_bytes
-from .sources import SOURCE_VARIANTS, ContentSource, source_key
+from media_usage_orchestration.media.canonical import canonical_json, utf8_bytes
+from media_usage_orchestration.media.sources import SOURCE_VARIANTS, ContentSource, source_key
+from media_usage_orchestration.values.source_records import DeletionMeasurement, SourceRow
 
 MAX_OCCURRENCE_MUTATION_UNITS = 12
 MAX_PROJECTION_MUTATION_BYTES = 512 * 1024

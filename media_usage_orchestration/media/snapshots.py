@@ -15,20 +15,23 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..store.identifiers import COLLECTION_ID_RESULT, validate_identifier
-from ..store.json_text import parse_json
-from ..store.source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
-from .canonical import js_trim
-from .extraction import extract_occurrences
-from .fields import DISPLAY_FIELD_SLUGS, FieldDiscovery
-from .fingerprints import projection_fingerprint
-from .sources import (
+from media_usage_orchestration.media.canonical import js_trim
+from media_usage_orchestration.media.extraction import extract_occurrences
+from media_usage_orchestration.media.fields import DISPLAY_FIELD_SLUGS, FieldDiscovery
+from media_usage_orchestration.media.fingerprints import projection_fingerprint
+from media_usage_orchestration.media.sources import (
     COLUMNS,
     CONTENT_SOURCE_SCHEMA_VERSION,
     DRAFT_OVERLAY,
     ContentSource,
     legacy_source_key,
     source_key,
+)
+from media_usage_orchestration.values.identifiers import COLLECTION_ID_RESULT, validate_identifier
+from media_usage_orchestration.values.json_text import parse_json
+from media_usage_orchestration.values.source_records import (
+    CANONICAL_IDENTITY_VERSION,
+    SOURCE_TYPE_CONTENT,
 )
 
 DRAFT_REVISION_NOT_FOUND = "DRAFT_REVISION_NOT_FOUND"

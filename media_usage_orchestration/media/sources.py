@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .extraction import MediaOccurrence
+from media_usage_orchestration.media.extraction import MediaOccurrence
 
 COLUMNS = "columns"
 DRAFT_OVERLAY = "draft_overlay"

@@ -1,0 +1,1 @@
+"""Ops: one module per workflow, each op one lease-guarded step."""

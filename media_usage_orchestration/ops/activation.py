@@ -2,10 +2,10 @@
 
 import dagster as dg
 
-from ..processing.activation import ActivationOutcome, activate_step
-from ..resources.database import MediaUsageDatabase
-from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-from .coverage import record_collection_by_slug
+from media_usage_orchestration.assets.index import record_collection_by_slug
+from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.processing.activation import ActivationOutcome, activate_step
+from media_usage_orchestration.resources.database import MediaUsageDatabase
 
 MAX_ACTIVATION_STEPS = 100_000
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from ..store.engine import is_transient_database_error
+from media_usage_orchestration.store.core.engine import is_transient_database_error
 
 # Transient: the database was briefly unreachable, busy, or chose us as a deadlock victim.
 # Re-running the step is safe because every write is lease-guarded and idempotent.

@@ -11,22 +11,9 @@ from dataclasses import dataclass
 import dagster as dg
 from pydantic import Field
 
-from ..processing import deletion as processing
-from ..processing.deletion import PhaseStepOutcome, PhaseStepResult
-from ..processing.run_loop import Budget, Page, page_until_done
-from ..resources.database import MediaUsageDatabase
-from ..store.deletions import (
-    DeletionLease,
-    DeletionLeaseLost,
-    DeletionPhase,
-    DeletionRepository,
-)
-from ..store.engine import Engine
-from ..store.identifiers import validate_identifier
-from ..store.registry import read_collection_id
-from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-from .coverage import forget_deleted_collection
-from .leased import (
+from media_usage_orchestration.assets.index import forget_deleted_collection
+from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.leased import (
     StepReport,
     StepStopped,
     emit,
@@ -36,7 +23,20 @@ from .leased import (
     stop_unless_done,
     tag_run_collection,
 )
-from .progress import ProgressLog, logged_progress
+from media_usage_orchestration.ops.progress import ProgressLog, logged_progress
+from media_usage_orchestration.processing import deletion as processing
+from media_usage_orchestration.processing.deletion import PhaseStepOutcome, PhaseStepResult
+from media_usage_orchestration.processing.run_loop import Budget, Page, page_until_done
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.deletions import (
+    DeletionLease,
+    DeletionLeaseLost,
+    DeletionPhase,
+    DeletionRepository,
+)
+from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.values.identifiers import validate_identifier
 
 PHASE_ORDER = tuple(DeletionPhase)
 

@@ -22,10 +22,10 @@ import dagster as dg
 from dagster._core.execution.context.invocation import BaseDirectExecutionContext
 from dagster._core.execution.plan.outputs import StepOutputHandle
 
-from ..processing.run_loop import Paging, PagingEnd
-from ..store.engine import Engine
-from ..store.identifiers import InvalidIdentifierError, validate_identifier
-from .common import is_transient_database_error
+from media_usage_orchestration.ops.common import is_transient_database_error
+from media_usage_orchestration.processing.run_loop import Paging, PagingEnd
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.values.identifiers import InvalidIdentifierError, validate_identifier
 
 L = TypeVar("L")
 

@@ -3,11 +3,11 @@ keep the collection partitions equal to the registry."""
 
 import dagster as dg
 
-from ..partitions import media_usage_collections, partition_changes
-from ..processing.reconciliation.maintenance import settle_reconciliations
-from ..resources.database import MediaUsageDatabase
-from ..store.registry import read_collection_slugs
-from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.partitions import media_usage_collections, partition_changes
+from media_usage_orchestration.processing.reconciliation.maintenance import settle_reconciliations
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.registry import read_collection_slugs
 
 
 @dg.op(

@@ -14,7 +14,11 @@ from collections.abc import Iterator
 import dagster as dg
 from pydantic import Field
 
-from ..processing.operator import (
+from media_usage_orchestration.assets.index import record_collection_by_slug
+from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.deletion import tombstone_slug
+from media_usage_orchestration.ops.leased import StepReport, emit, tag_run_collection
+from media_usage_orchestration.processing.operator import (
     MAX_LIMIT,
     OperatorInputError,
     RetryReport,
@@ -23,11 +27,7 @@ from ..processing.operator import (
     retry_reconciliation,
     retry_work_item,
 )
-from ..resources.database import MediaUsageDatabase
-from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-from .coverage import record_collection_by_slug
-from .deletion import tombstone_slug
-from .leased import StepReport, emit, tag_run_collection
+from media_usage_orchestration.resources.database import MediaUsageDatabase
 
 _OUTCOME_OUT = {"outcome": dg.Out(dg.Nothing, description="What the retry did (see metadata).")}
 

@@ -1,40 +1,18 @@
-"""The projection GC in Dagster: one pass per run (EmDash runs one per minute), its counters in
-the op's metadata and on the asset `media_usage_projection_cleanup`, so the asset page plots
-the backlog shrinking pass after pass."""
+"""The projection GC job's ops: one pass per run (EmDash runs one per minute), its counters in
+the op's metadata and on the asset `media_usage_projection_cleanup`; then the media library's
+numbers on the asset `media_usage_media_library`."""
 
 import dagster as dg
 
-from ..processing.projection_gc import GcOutcome, GcResult, run_projection_gc
-from ..resources.database import MediaUsageDatabase
-from ..store.projection_gc import ProjectionGcRepository
-from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-
-MEDIA_USAGE_PROJECTION_CLEANUP = dg.AssetKey("media_usage_projection_cleanup")
-
-media_usage_projection_cleanup = dg.AssetSpec(
+from media_usage_orchestration.assets.media_library import record_media_library
+from media_usage_orchestration.assets.projection_cleanup import (
     MEDIA_USAGE_PROJECTION_CLEANUP,
-    group_name="media_usage",
-    kinds={"sql"},
-    description="The projection GC of EmDash's media usage index: each completed pass records "
-    "what it deleted (orphans, stale and abandoned generations, expired write leases), the "
-    "candidates it scanned and a lower bound of the backlog it saw.",
+    gc_metadata,
 )
-
-
-def gc_metadata(result: GcResult) -> dict[str, dg.MetadataValue]:
-    c = result.counters
-    return {
-        "outcome": dg.MetadataValue.text(result.outcome.value),
-        "candidates": dg.MetadataValue.int(c.candidate_count),
-        "deleted_orphans": dg.MetadataValue.int(c.deleted_orphans),
-        "deleted_stale": dg.MetadataValue.int(c.deleted_stale),
-        "deleted_abandoned": dg.MetadataValue.int(c.deleted_abandoned),
-        "deleted_write_leases": dg.MetadataValue.int(c.deleted_write_leases),
-        "deleted_rows": dg.MetadataValue.int(result.deleted_rows),
-        "backlog_lower_bound": dg.MetadataValue.int(c.backlog_lower_bound),
-        "scan_has_more": dg.MetadataValue.bool(c.scan_has_more),
-        "duration_ms": dg.MetadataValue.int(c.duration_ms),
-    }
+from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.processing.projection_gc import GcOutcome, run_projection_gc
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
 
 
 @dg.op(
@@ -61,4 +39,21 @@ def collect_projection_garbage(context: dg.OpExecutionContext, database: MediaUs
         )
     else:
         context.log.info("the projection GC task was not due or is held by another pass")
+    yield dg.Output(None, metadata=metadata)
+
+
+@dg.op(
+    ins={"after": dg.In(dg.Nothing)},
+    out=dg.Out(dg.Nothing),
+    retry_policy=TRANSIENT_RETRY_POLICY,
+    description="Count EmDash's media rows that content fields use and do not use, and the "
+    "bytes of the unused ones; deletes nothing.",
+)
+def summarize_media_library(context: dg.OpExecutionContext, database: MediaUsageDatabase):
+    with retry_transient_errors_only():
+        metadata = record_media_library(context, database.engine)
+    if metadata is None:
+        context.log.info("this database has no EmDash media table: nothing to summarize")
+        yield dg.Output(None, metadata={"media_table": False})
+        return
     yield dg.Output(None, metadata=metadata)

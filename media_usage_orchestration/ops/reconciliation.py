@@ -14,23 +14,9 @@ from typing import NoReturn
 import dagster as dg
 from pydantic import Field
 
-from ..processing.reconciliation import steps, walks
-from ..processing.reconciliation.model import (
-    CONTINUE_DELAY_SECONDS,
-    DRAIN_BATCH_SIZE,
-    ReconciliationOutcome,
-    ScanOutcome,
-    StepResult,
-)
-from ..processing.run_loop import Budget
-from ..resources.database import MediaUsageDatabase
-from ..store.engine import Engine
-from ..store.identifiers import validate_identifier
-from ..store.reconciliations import ReconciliationClaim
-from ..store.registry import read_collection_id
-from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-from .coverage import record_coverage, record_failed_coverage
-from .leased import (
+from media_usage_orchestration.assets.index import record_coverage, record_failed_coverage
+from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.leased import (
     StepReport,
     StepStopped,
     emit,
@@ -40,7 +26,21 @@ from .leased import (
     stop_unless_done,
     tag_run_collection,
 )
-from .progress import logged_progress
+from media_usage_orchestration.ops.progress import logged_progress
+from media_usage_orchestration.processing.reconciliation import steps, walks
+from media_usage_orchestration.processing.reconciliation.model import (
+    CONTINUE_DELAY_SECONDS,
+    DRAIN_BATCH_SIZE,
+    ReconciliationOutcome,
+    ScanOutcome,
+    StepResult,
+)
+from media_usage_orchestration.processing.run_loop import Budget
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.reconciliations import ReconciliationClaim
+from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.values.identifiers import validate_identifier
 
 
 @dataclass(frozen=True)

@@ -3,35 +3,35 @@
 import dagster as dg
 from pydantic import Field
 
-from ..processing.run_loop import Budget, drain_due_work
-from ..resources.database import MediaUsageDatabase
-from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-from .coverage import FAILED_WORK_OUTCOME, record_drained_coverage
-from .leased import tag_run_outcome
-from .progress import logged_progress
+from media_usage_orchestration.assets.index import FAILED_WORK_OUTCOME, record_drained_coverage
+from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.leased import tag_run_outcome
+from media_usage_orchestration.ops.progress import logged_progress
+from media_usage_orchestration.processing import run_loop
+from media_usage_orchestration.processing.run_loop import Budget
+from media_usage_orchestration.resources.database import MediaUsageDatabase
 
 
-class ProcessDueWorkConfig(dg.Config):
+class DrainDueWorkConfig(dg.Config):
     max_items: int = Field(default=5000, ge=1, description="Stop after claiming this many items.")
     max_seconds: float = Field(default=120.0, gt=0, le=3600, description="Time budget.")
     batch_size: int = Field(default=25, ge=1, le=100, description="Items claimed per statement.")
 
 
-# The op keeps its original name: run history, re-execution and run configs refer to it.
+# Named after the function it runs (processing/run_loop.py: drain_due_work), in Dagster too.
 @dg.op(
-    name="process_due_work",
     out=dg.Out(dg.Nothing),
     retry_policy=TRANSIENT_RETRY_POLICY,
     description="Claim due work (several items per statement, each with its own lease) and "
     "project each entry until nothing is due or the budget is spent.",
 )
-def project_due_work(
-    context: dg.OpExecutionContext, config: ProcessDueWorkConfig, database: MediaUsageDatabase
+def drain_due_work(
+    context: dg.OpExecutionContext, config: DrainDueWorkConfig, database: MediaUsageDatabase
 ):
     budget = Budget(config.max_items, config.max_seconds)
     with retry_transient_errors_only():
         with logged_progress(context, "work", "items", total=config.max_items) as progress:
-            drained = drain_due_work(
+            drained = run_loop.drain_due_work(
                 database.engine,
                 budget,
                 config.batch_size,

@@ -13,15 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..store import activation as store
-from ..store import status as status_store
-from ..store.capture_triggers import (
+from media_usage_orchestration.store import activation as store
+from media_usage_orchestration.store import status as status_store
+from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     install_capture_triggers,
     verify_capture_triggers,
 )
-from ..store.engine import Engine
-from ..store.registry import list_collections
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.registry import list_collections
 
 COLLECTIONS_PER_STEP = 1
 

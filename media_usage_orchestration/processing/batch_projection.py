@@ -5,7 +5,7 @@ entries of one collection is refreshed in a fixed number: one read transaction (
 identity, observed canonical sources, field discovery, content rows, draft revisions, and the
 occurrence counts of sources about to be deleted), projection in Python with the same snapshot,
 extraction and fingerprint code, then one write transaction (`write_collection_batch` of
-`store/source_batch_writes.py`) in which every row keeps the guards it has alone.
+`store/sources/batch_writes.py`) in which every row keeps the guards it has alone.
 
 Each entry is classified from what was read:
 
@@ -34,32 +34,32 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..media.fields import FieldDiscovery
-from ..media.projection import (
+from media_usage_orchestration.media.fields import FieldDiscovery
+from media_usage_orchestration.media.projection import (
     MAX_OCCURRENCE_MUTATION_UNITS,
     admits_outright,
     canonical_source_keys,
 )
-from ..media.snapshots import build_content_snapshots
-from ..media.sources import ContentSource
-from ..store.content import content_rows, load_revisions
-from ..store.engine import Engine, read_transaction
-from ..store.registry import collection_identity_exists
-from ..store.source_batch_writes import (
+from media_usage_orchestration.media.snapshots import build_content_snapshots
+from media_usage_orchestration.media.sources import ContentSource
+from media_usage_orchestration.processing.content_reads import load_fields
+from media_usage_orchestration.store.content import content_rows, load_revisions
+from media_usage_orchestration.store.core.engine import Engine, read_transaction
+from media_usage_orchestration.store.registry import collection_identity_exists
+from media_usage_orchestration.store.sources.batch_writes import (
     BatchWriteResult,
     Publication,
     Removal,
     measure_generation_deletions,
     write_collection_batch,
 )
-from ..store.source_records import (
+from media_usage_orchestration.store.sources.rows import sources_by_key
+from media_usage_orchestration.values.source_records import (
     CANONICAL_IDENTITY_VERSION,
     SOURCE_TYPE_CONTENT,
     SourceRow,
     projection_is_unchanged,
 )
-from ..store.source_rows import sources_by_key
-from .content_reads import load_fields
 
 logger = logging.getLogger(__name__)
 

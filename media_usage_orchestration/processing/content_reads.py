@@ -3,10 +3,14 @@ reads, turned into a field discovery and snapshots by `media/`."""
 
 from __future__ import annotations
 
-from ..media.fields import FieldDiscovery, discover_fields
-from ..media.snapshots import SnapshotError, SnapshotResult, build_content_snapshots
-from ..store.content import content_row, field_rows, load_revision
-from ..store.engine import Connection
+from media_usage_orchestration.media.fields import FieldDiscovery, discover_fields
+from media_usage_orchestration.media.snapshots import (
+    SnapshotError,
+    SnapshotResult,
+    build_content_snapshots,
+)
+from media_usage_orchestration.store.content import content_row, field_rows, load_revision
+from media_usage_orchestration.store.core.engine import Connection
 
 
 def load_fields(

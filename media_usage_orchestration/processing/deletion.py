@@ -24,10 +24,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..errors import CollectionHasContentError, CollectionNotFoundError, DeletionConflictError
-from ..store.activation import read_activation_state, writable_activation_state
-from ..store.capture_triggers import CaptureIdentity, verify_capture_triggers
-from ..store.deletions import (
+from media_usage_orchestration.processing.retry_policy import DELETION_RETRY
+from media_usage_orchestration.store.activation import (
+    read_activation_state,
+    writable_activation_state,
+)
+from media_usage_orchestration.store.core.capture_triggers import (
+    CaptureIdentity,
+    verify_capture_triggers,
+)
+from media_usage_orchestration.store.core.engine import Connection, Engine, read_transaction
+from media_usage_orchestration.store.core.leases import LeaseState, bounded_limit, require_flag
+from media_usage_orchestration.store.deletions import (
     ROWS_PER_BATCH,
     DeletionClaim,
     DeletionError,
@@ -44,11 +52,13 @@ from ..store.deletions import (
     read_capture_state,
     table_has_live_content,
 )
-from ..store.engine import Connection, Engine, read_transaction
-from ..store.identifiers import content_table_name, validate_identifier
-from ..store.leases import LeaseState, bounded_limit, require_flag
-from ..store.registry import collection_identity_exists, read_collection_id
-from .retry_policy import DELETION_RETRY
+from media_usage_orchestration.store.registry import collection_identity_exists, read_collection_id
+from media_usage_orchestration.values.errors import (
+    CollectionHasContentError,
+    CollectionNotFoundError,
+    DeletionConflictError,
+)
+from media_usage_orchestration.values.identifiers import content_table_name, validate_identifier
 
 logger = logging.getLogger(__name__)
 

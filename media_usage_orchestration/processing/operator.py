@@ -18,20 +18,24 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..store.coverage import CollectionCoverage, read_all_coverage
-from ..store.cursors import InvalidCursorError, decode_cursor
-from ..store.deletions import DeletionPage, DeletionRepository, OperatorDeletionItem
-from ..store.engine import Engine
-from ..store.identifiers import validate_identifier
-from ..store.leases import LeaseState, bounded_limit
-from ..store.outcomes import REPORTED_RETRY_OUTCOMES, OperatorRetryOutcome
-from ..store.reconciliations import (
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.core.leases import LeaseState, bounded_limit
+from media_usage_orchestration.store.coverage import CollectionCoverage, read_all_coverage
+from media_usage_orchestration.store.deletions import (
+    DeletionPage,
+    DeletionRepository,
+    OperatorDeletionItem,
+)
+from media_usage_orchestration.store.reconciliations import (
     ReconciliationPhase,
     ReconciliationRecord,
     ReconciliationRepository,
 )
-from ..store.registry import read_collection_id
-from ..store.work import OperatorPage, OperatorWorkItem, WorkRepository
+from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.store.work import OperatorPage, OperatorWorkItem, WorkRepository
+from media_usage_orchestration.values.cursors import InvalidCursorError, decode_cursor
+from media_usage_orchestration.values.identifiers import validate_identifier
+from media_usage_orchestration.values.outcomes import REPORTED_RETRY_OUTCOMES, OperatorRetryOutcome
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIMIT = 100

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ..media.projection import (
+from media_usage_orchestration.media.projection import (
     MAX_OCCURRENCE_MUTATION_UNITS,
     AdmissionBudget,
     AdmissionOutcome,
@@ -22,13 +22,13 @@ from ..media.projection import (
     canonical_source_keys,
     plan_admission,
 )
-from ..media.snapshots import SnapshotError, SnapshotResult
-from ..media.sources import ContentSource
-from ..store.engine import Engine, read_transaction
-from ..store.registry import read_collection_identity_exists
-from ..store.source_records import DeletionMeasurement, SourceRow
-from ..store.source_writes import SourceRepository
-from .content_reads import load_content_snapshots
+from media_usage_orchestration.media.snapshots import SnapshotError, SnapshotResult
+from media_usage_orchestration.media.sources import ContentSource
+from media_usage_orchestration.processing.content_reads import load_content_snapshots
+from media_usage_orchestration.store.core.engine import Engine, read_transaction
+from media_usage_orchestration.store.registry import read_collection_identity_exists
+from media_usage_orchestration.store.sources.writes import SourceRepository
+from media_usage_orchestration.values.source_records import DeletionMeasurement, SourceRow
 
 logger = logging.getLogger(__name__)
 

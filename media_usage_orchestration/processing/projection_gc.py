@@ -18,8 +18,8 @@ from enum import StrEnum
 
 from ulid import ULID
 
-from ..store.engine import Engine
-from ..store.projection_gc import (
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.sources.projection_gc import (
     DELETE_BATCH_SIZE,
     GcCandidate,
     GcClaim,

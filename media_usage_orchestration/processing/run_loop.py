@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from ..store.engine import Engine
-from .work import WorkBatchResult, process_due_batch
+from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
+from media_usage_orchestration.store.core.engine import Engine
 
 L = TypeVar("L")
 R = TypeVar("R")

@@ -14,10 +14,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..media.sources import COLUMNS, CONTENT_SOURCE_SCHEMA_VERSION, DRAFT_OVERLAY
-from ..store.cursors import InvalidCursorError, PageCursor, decode_cursor, encode_cursor
-from ..store.engine import Engine
-from ..store.usage import (
+from media_usage_orchestration.media.sources import (
+    COLUMNS,
+    CONTENT_SOURCE_SCHEMA_VERSION,
+    DRAFT_OVERLAY,
+)
+from media_usage_orchestration.processing.operator import OperatorInputError, listing_limit
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.sources.usage import (
     CoverageScope,
     MediaItem,
     MediaReference,
@@ -25,7 +29,12 @@ from ..store.usage import (
     UsageRepository,
     UsageRow,
 )
-from .operator import OperatorInputError, listing_limit
+from media_usage_orchestration.values.cursors import (
+    InvalidCursorError,
+    PageCursor,
+    decode_cursor,
+    encode_cursor,
+)
 
 DEFAULT_USAGE_LIMIT = 50
 MEDIA_CURSOR_ORDER = "media"

@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError
-from ..media.snapshots import SnapshotResult, build_content_snapshots
-from ..media.sources import ContentSource
-from ..store import audit
-from ..store.content import content_rows_query
-from ..store.engine import Connection, Engine
-from ..store.identifiers import InvalidIdentifierError
-from ..store.reconciliations import PROCESSING_FAILED_CODE
-from ..store.source_records import SourceRow
-from .content_reads import load_fields
+from media_usage_orchestration.media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError
+from media_usage_orchestration.media.snapshots import SnapshotResult, build_content_snapshots
+from media_usage_orchestration.media.sources import ContentSource
+from media_usage_orchestration.processing.content_reads import load_fields
+from media_usage_orchestration.store import audit
+from media_usage_orchestration.store.content import content_rows_query
+from media_usage_orchestration.store.core.engine import Connection, Engine
+from media_usage_orchestration.store.reconciliations import PROCESSING_FAILED_CODE
+from media_usage_orchestration.values.identifiers import InvalidIdentifierError
+from media_usage_orchestration.values.source_records import SourceRow
 
 ENTRY_PAGE_SIZE = 200
 COMPARED_SOURCE_COLUMNS = (

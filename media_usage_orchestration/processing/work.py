@@ -54,14 +54,17 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
-from ..store import status as status_store
-from ..store.activation import capture_active
-from ..store.engine import Engine, read_transaction
-from ..store.registry import read_collection_identity_exists
-from ..store.work import WorkRecord, WorkRepository
-from .batch_projection import refresh_contents_for_work
-from .projection import RefreshErrorCode, refresh_content_for_work
-from .retry_policy import WORK_RETRY
+from media_usage_orchestration.processing.batch_projection import refresh_contents_for_work
+from media_usage_orchestration.processing.projection import (
+    RefreshErrorCode,
+    refresh_content_for_work,
+)
+from media_usage_orchestration.processing.retry_policy import WORK_RETRY
+from media_usage_orchestration.store import status as status_store
+from media_usage_orchestration.store.activation import capture_active
+from media_usage_orchestration.store.core.engine import Engine, read_transaction
+from media_usage_orchestration.store.registry import read_collection_identity_exists
+from media_usage_orchestration.store.work import WorkRecord, WorkRepository
 
 CANDIDATES_PER_TICK = 4
 JOBS_PER_TICK = 1

@@ -9,7 +9,11 @@ import dagster as dg
 from pydantic import PrivateAttr
 from sqlalchemy import Engine
 
-from ..store.engine import create_database_engine, default_database_url, redacted_url
+from media_usage_orchestration.store.core.engine import (
+    create_database_engine,
+    default_database_url,
+    redacted_url,
+)
 
 # Sensor and schedule ticks run every few seconds in one long-lived process (the code server)
 # and initialize the resource afresh each time: they share one engine per URL, so a tick

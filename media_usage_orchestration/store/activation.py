@@ -12,11 +12,21 @@ from sqlalchemy import Connection, Engine, and_, exists, literal, or_, select, u
 from sqlalchemy.exc import DBAPIError
 from ulid import ULID
 
-from ..errors import ActivationInProgressError
-from .clock import is_due_at_clock, lease_live_at_clock, now, timestamp_offset
-from .engine import is_missing_table, read_transaction
-from .predicates import is_content_collection_status
-from .schema import ACTIVATION_KEY, activation, collections, index_status
+from media_usage_orchestration.store.core.clock import (
+    is_due_at_clock,
+    lease_live_at_clock,
+    now,
+    timestamp_offset,
+)
+from media_usage_orchestration.store.core.engine import is_missing_table, read_transaction
+from media_usage_orchestration.store.core.predicates import is_content_collection_status
+from media_usage_orchestration.store.core.schema import (
+    ACTIVATION_KEY,
+    activation,
+    collections,
+    index_status,
+)
+from media_usage_orchestration.values.errors import ActivationInProgressError
 
 RUNTIME_GENERATION = 1
 ACTIVATION_LEASE_SECONDS = 5 * 60

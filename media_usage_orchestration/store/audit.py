@@ -25,11 +25,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from .engine import is_postgres, read_transaction
-from .identifiers import content_table_name
-from .predicates import is_content_collection_status
-from .registry import RegisteredCollection
-from .schema import (
+from media_usage_orchestration.store.core.engine import is_postgres, read_transaction
+from media_usage_orchestration.store.core.predicates import is_content_collection_status
+from media_usage_orchestration.store.core.schema import (
     collection_deletions,
     collections,
     content_table,
@@ -39,7 +37,12 @@ from .schema import (
     sources,
     work,
 )
-from .source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
+from media_usage_orchestration.store.registry import RegisteredCollection
+from media_usage_orchestration.values.identifiers import content_table_name
+from media_usage_orchestration.values.source_records import (
+    CANONICAL_IDENTITY_VERSION,
+    SOURCE_TYPE_CONTENT,
+)
 
 
 @contextlib.contextmanager

@@ -12,8 +12,12 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Select, column, select, table
 
-from .identifiers import COLLECTION_ID_RESULT, content_table_name, validate_identifier
-from .schema import collections, fields, narrow, revisions
+from media_usage_orchestration.store.core.schema import collections, fields, narrow, revisions
+from media_usage_orchestration.values.identifiers import (
+    COLLECTION_ID_RESULT,
+    content_table_name,
+    validate_identifier,
+)
 
 CONTENT_SYSTEM_COLUMNS = (
     "id",

@@ -16,14 +16,23 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, case, column, func, literal, null, select, table
 
-from .clock import is_due
-from .engine import read_transaction
-from .identifiers import InvalidIdentifierError, content_table_name
-from .leases import LeaseState
-from .predicates import is_content_collection_status
-from .reconciliations import PROCESSING_FAILED_CODE
-from .schema import collections, index_status, occurrences, sources, work
-from .source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
+from media_usage_orchestration.store.core.clock import is_due
+from media_usage_orchestration.store.core.engine import read_transaction
+from media_usage_orchestration.store.core.leases import LeaseState
+from media_usage_orchestration.store.core.predicates import is_content_collection_status
+from media_usage_orchestration.store.core.schema import (
+    collections,
+    index_status,
+    occurrences,
+    sources,
+    work,
+)
+from media_usage_orchestration.store.reconciliations import PROCESSING_FAILED_CODE
+from media_usage_orchestration.values.identifiers import InvalidIdentifierError, content_table_name
+from media_usage_orchestration.values.source_records import (
+    CANONICAL_IDENTITY_VERSION,
+    SOURCE_TYPE_CONTENT,
+)
 
 
 @dataclass(frozen=True)

@@ -38,17 +38,18 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 from ulid import ULID
 
-from .clock import lease_live_at_clock, now, timestamp_offset, validate_duration
-from .cursors import decode_cursor, encode_cursor
-from .engine import is_missing_table, is_postgres, read_transaction
-from .identifiers import (
-    content_table_name,
-    quote_identifier,
-    require_text,
-    validate_error_code,
-    validate_identifier,
+from media_usage_orchestration.store.core.clock import (
+    lease_live_at_clock,
+    now,
+    timestamp_offset,
+    validate_duration,
 )
-from .leases import (
+from media_usage_orchestration.store.core.engine import (
+    is_missing_table,
+    is_postgres,
+    read_transaction,
+)
+from media_usage_orchestration.store.core.leases import (
     LeaseState,
     bounded_limit,
     due_candidates_statement,
@@ -58,14 +59,12 @@ from .leases import (
     parse_lease_state,
     require_flag,
 )
-from .outcomes import OperatorRetryOutcome
-from .predicates import (
+from media_usage_orchestration.store.core.predicates import (
     is_collection_status_row,
     is_content_collection_status,
     registry_identity_is_current,
 )
-from .registry import collection_identity_exists
-from .schema import (
+from media_usage_orchestration.store.core.schema import (
     collection_deletions,
     collections,
     dialect_insert,
@@ -76,7 +75,17 @@ from .schema import (
     sources,
     work,
 )
-from .source_records import SOURCE_TYPE_CONTENT
+from media_usage_orchestration.store.registry import collection_identity_exists
+from media_usage_orchestration.values.cursors import decode_cursor, encode_cursor
+from media_usage_orchestration.values.identifiers import (
+    content_table_name,
+    quote_identifier,
+    require_text,
+    validate_error_code,
+    validate_identifier,
+)
+from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.source_records import SOURCE_TYPE_CONTENT
 
 ROWS_PER_BATCH = 50
 MAX_PAGE_LIMIT = 100

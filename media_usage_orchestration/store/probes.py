@@ -11,19 +11,22 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, String, case, cast, literal, null, select, union_all
 
-from .activation import read_activation
-from .clock import is_due
-from .engine import read_transaction
-from .leases import bounded_limit, due_candidates_statement
-from .predicates import no_deletion_tombstone, registry_identity_is_current
-from .reconciliations import (
+from media_usage_orchestration.store.activation import read_activation
+from media_usage_orchestration.store.core.clock import is_due
+from media_usage_orchestration.store.core.engine import read_transaction
+from media_usage_orchestration.store.core.leases import bounded_limit, due_candidates_statement
+from media_usage_orchestration.store.core.predicates import (
+    no_deletion_tombstone,
+    registry_identity_is_current,
+)
+from media_usage_orchestration.store.core.schema import index_status, reconciliations, work
+from media_usage_orchestration.store.reconciliations import (
     MAX_CANDIDATES,
     find_failed_statement,
     find_stuck_failed_statement,
     needs_reconciliation_row,
     oldest_obsolete_statement,
 )
-from .schema import index_status, reconciliations, work
 
 
 @dataclass(frozen=True)

@@ -63,10 +63,14 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 from ulid import ULID
 
-from .clock import lease_live_at_statement, now, timestamp_offset, validate_duration
-from .engine import read_transaction, single_statement
-from .identifiers import content_table_name, require_text, validate_error_code
-from .leases import (
+from media_usage_orchestration.store.core.clock import (
+    lease_live_at_statement,
+    now,
+    timestamp_offset,
+    validate_duration,
+)
+from media_usage_orchestration.store.core.engine import read_transaction, single_statement
+from media_usage_orchestration.store.core.leases import (
     LeaseState,
     bounded_limit,
     due_candidates_statement,
@@ -75,16 +79,31 @@ from .leases import (
     non_negative_whole,
     positive_whole,
 )
-from .outcomes import OperatorRetryOutcome
-from .predicates import (
+from media_usage_orchestration.store.core.predicates import (
     activation_is_active,
     is_content_collection_status,
     no_deletion_tombstone,
     registry_identity_is_current,
     status_owns_run,
 )
-from .schema import dialect_insert, index_status, narrow, reconciliations, sources, work
-from .source_records import CANONICAL_IDENTITY_VERSION, SOURCE_TYPE_CONTENT
+from media_usage_orchestration.store.core.schema import (
+    dialect_insert,
+    index_status,
+    narrow,
+    reconciliations,
+    sources,
+    work,
+)
+from media_usage_orchestration.values.identifiers import (
+    content_table_name,
+    require_text,
+    validate_error_code,
+)
+from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.source_records import (
+    CANONICAL_IDENTITY_VERSION,
+    SOURCE_TYPE_CONTENT,
+)
 
 MAX_CANDIDATES = 100
 MAX_PAGE_SIZE = 50

@@ -12,15 +12,15 @@ from typing import NamedTuple
 from sqlalchemy import Connection, Engine, exists, func, inspect, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from .engine import (
+from media_usage_orchestration.store.core.engine import (
     create_database_engine,
     database_error_message,
     normalize_url,
     read_transaction,
     scrubbed,
 )
-from .identifiers import validate_identifier
-from .schema import collection_deletions, collections
+from media_usage_orchestration.store.core.schema import collection_deletions, collections
+from media_usage_orchestration.values.identifiers import validate_identifier
 
 # How long a load of the registry waits for PostgreSQL before it does without.
 REGISTRY_CONNECT_TIMEOUT_SECONDS = 5

@@ -26,11 +26,13 @@ from sqlalchemy import (
     update,
 )
 
-from .activation import RUNTIME_GENERATION, activation_lease_is_held
-from .clock import now
-from .identifiers import validate_error_code
-from .predicates import is_collection_status_row, registry_identity_is_current
-from .schema import (
+from media_usage_orchestration.store.activation import RUNTIME_GENERATION, activation_lease_is_held
+from media_usage_orchestration.store.core.clock import now
+from media_usage_orchestration.store.core.predicates import (
+    is_collection_status_row,
+    registry_identity_is_current,
+)
+from media_usage_orchestration.store.core.schema import (
     ACTIVATION_KEY,
     COLLECTION_SCOPE,
     CONTENT_ADAPTER_ID,
@@ -40,6 +42,7 @@ from .schema import (
     reconciliations,
     work,
 )
+from media_usage_orchestration.values.identifiers import validate_error_code
 
 STALE_CODE = "CONTENT_USAGE_STALE"
 

@@ -4,7 +4,7 @@ One row per (collection_id, content_id) in `_emdash_media_usage_work`. A row is 
 leasing an exact `work_version`; every later write (complete, retry, fail, renew) re-asserts
 that version, the lease token and a live lease in the same statement, so an owner whose lease
 expired, or whose work was re-enqueued meanwhile, can no longer change anything. All
-timestamps come from the database clock (`store/clock.py`).
+timestamps come from the database clock (`store/core/clock.py`).
 
 Each public method runs in its own transaction (`BEGIN IMMEDIATE` on SQLite). The guards do
 not rely on that transaction: every statement is individually guarded, as in the seed.
@@ -43,8 +43,8 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import FromClause
 from ulid import ULID
 
-from .activation import capture_active
-from .clock import (
+from media_usage_orchestration.store.activation import capture_active
+from media_usage_orchestration.store.core.clock import (
     is_due,
     lease_live_at_clock,
     lease_live_at_statement,
@@ -52,28 +52,38 @@ from .clock import (
     timestamp_offset,
     validate_duration,
 )
-from .cursors import PageCursor, decode_cursor, encode_cursor
-from .engine import is_postgres, read_transaction, single_statement
-from .identifiers import require_text, validate_error_code
-from .json_rows import JsonRows
-from .leases import (
+from media_usage_orchestration.store.core.engine import (
+    is_postgres,
+    read_transaction,
+    single_statement,
+)
+from media_usage_orchestration.store.core.json_rows import JsonRows
+from media_usage_orchestration.store.core.leases import (
     LeaseState,
     bounded_limit,
     non_negative_whole,
     parse_lease_state,
     positive_whole,
 )
-from .outcomes import OperatorRetryOutcome
-from .predicates import (
+from media_usage_orchestration.store.core.predicates import (
     activation_is_active,
     capture_is_active,
     no_deletion_tombstone,
     registry_identity_is_current,
     status_row_owns_run,
 )
-from .registry import RegisteredCollection, collection_id_for_slug
-from .schema import collections, dialect_insert, index_status, reconciliations, work
-from .source_records import new_ulids
+from media_usage_orchestration.store.core.schema import (
+    collections,
+    dialect_insert,
+    index_status,
+    reconciliations,
+    work,
+)
+from media_usage_orchestration.store.registry import RegisteredCollection, collection_id_for_slug
+from media_usage_orchestration.values.cursors import PageCursor, decode_cursor, encode_cursor
+from media_usage_orchestration.values.identifiers import require_text, validate_error_code
+from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.source_records import new_ulids
 
 MAX_WORK_SELECTION_LIMIT = 100
 OPERATOR_DEFAULT_LIMIT = 50

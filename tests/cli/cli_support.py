@@ -8,7 +8,7 @@ from typing import Any
 from click.testing import CliRunner, Result
 
 from media_usage_orchestration.cli import main
-from media_usage_orchestration.store.cms import Collection
+from media_usage_orchestration.emdash_double.cms_writer import Collection
 from tests.support import make_collection, set_status, snapshot
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
 from tests.cli.cli_support import (
     EXIT_OK,

@@ -11,17 +11,17 @@ import dagster as dg
 from dagster._daemon.types import DaemonHeartbeat
 
 from media_usage_orchestration.demo import DEMO_DATABASE_MARKER_SUFFIX
-from media_usage_orchestration.local_instance import (
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.local.instance_home import (
     DEV_PID_FILE,
     HEARTBEAT_FRESH_SECONDS,
     LOCAL_INSTANCE_MARKER,
     instance_in_use,
     live_dev_pid,
 )
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
-from media_usage_orchestration.store.engine import sqlite_database_file
-from media_usage_orchestration.store.schema import missing_tables
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import sqlite_database_file
+from media_usage_orchestration.store.core.schema import missing_tables
 from tests.cli.cli_support import EXIT_PROBLEM, invoke
 from tests.dagster.reconciliation_support import PROJECT_ROOT
 from tests.demo_support import directory_snapshot, exited_pid, process_named_dev

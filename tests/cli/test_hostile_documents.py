@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing import verify as verify_module
 from media_usage_orchestration.processing.verify import DriftKind, verify_index
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from tests.cli.cli_support import EXIT_OK, EXIT_PROBLEM, invoke, invoke_json, trusted_collection
 from tests.factories import insert_registry, insert_row, insert_status
 from tests.processing.projection_helpers import ADMISSION_FIELDS, active_collection, insert_entry

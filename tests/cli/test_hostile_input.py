@@ -15,10 +15,10 @@ from click.testing import CliRunner, Result
 from sqlalchemy import inspect, select, table, text
 
 from media_usage_orchestration.cli import main
-from media_usage_orchestration.local_runner import LANE_SENSORS
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
-from media_usage_orchestration.store.engine import redacted_url, scrubbed, url_secrets
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.local.in_process_lane import LANE_SENSORS
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import redacted_url, scrubbed, url_secrets
 from tests.cli.cli_support import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, invoke, trusted_collection
 from tests.cli.operator_states import failed_work, leased_work
 from tests.dagster.sensor_loop import evaluate, resources_for
@@ -288,7 +288,7 @@ def test_a_read_verb_leaves_a_foreign_sqlite_file_as_it_was(tmp_path, verb, kind
 
 def test_a_read_verb_cannot_write_through_its_engine(db):
     """Defence in depth: the read-only engine refuses a write on either dialect."""
-    from media_usage_orchestration.store.engine import create_database_engine
+    from media_usage_orchestration.store.core.engine import create_database_engine
 
     engine = create_database_engine(db.url, read_only=True)
     try:

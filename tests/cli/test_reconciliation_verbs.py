@@ -4,7 +4,7 @@ bad input and exit code."""
 
 from __future__ import annotations
 
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from tests.cli.cli_support import (
     EXIT_OK,
     EXIT_PROBLEM,

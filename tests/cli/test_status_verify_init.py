@@ -7,10 +7,10 @@ from sqlalchemy import delete
 from sqlalchemy.engine import make_url
 
 from media_usage_orchestration.console import status_table
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import driver
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from tests.cli.cli_support import (
     EXIT_OK,
     EXIT_PROBLEM,

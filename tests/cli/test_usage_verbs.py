@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from tests.cli.cli_support import (
     EXIT_OK,
     EXIT_PROBLEM,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from tests.cli.cli_support import (
     EXIT_OK,
     EXIT_PROBLEM,

@@ -9,14 +9,14 @@ import dagster as dg
 from sqlalchemy import Engine, func, inspect, or_, select
 
 from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.emdash_double.cms_writer import FieldSpec
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
     request_collection_deletion,
 )
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors import media_usage_collection_deletion_sensor
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import FieldSpec
+from media_usage_orchestration.store.core import schema
 from tests.dagster.sensor_loop import evaluate, execute_request, resources, step_report
 from tests.support import snapshot
 

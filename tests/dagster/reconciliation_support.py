@@ -21,6 +21,8 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 from sqlalchemy import Engine, delete, select
 
 from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection
+from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.jobs import (
     media_usage_activation,
     media_usage_maintenance,
@@ -28,11 +30,9 @@ from media_usage_orchestration.jobs import (
 )
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
-from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.activation import read_activation
-from media_usage_orchestration.store.cms import CmsWriter, Collection
+from media_usage_orchestration.store.core import schema
 from tests.dagster.sensor_loop import evaluate, resources, step_report
 from tests.support import count, one, status_row
 

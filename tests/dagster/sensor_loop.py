@@ -1,5 +1,5 @@
 """Drive the project's sensors in a test through the project's own runner
-(`media_usage_orchestration.local_runner`, which the demo and the benchmark use): a tick
+(`media_usage_orchestration.local.in_process_lane`, which the demo and the benchmark use): a tick
 evaluates a sensor against a real (test) instance and validates every RunRequest's run config
 against its job; requested dynamic partitions are added to the instance and each requested run
 is executed in process with the request's partition key, tags and run key.
@@ -13,11 +13,11 @@ from typing import Any
 
 import dagster as dg
 
-from media_usage_orchestration import local_runner
+from media_usage_orchestration.local import in_process_lane
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 
-RUN_KEY_TAG = local_runner.RUN_KEY_TAG
+RUN_KEY_TAG = in_process_lane.RUN_KEY_TAG
 
 
 def resources_for(url: str, **automation: Any) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def evaluate(
     sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: Mapping[str, Any]
 ):
     """One tick; every RunRequest's run config must be valid for the sensor's job."""
-    return local_runner.evaluate_sensor(sensor, instance, dict(resources))
+    return in_process_lane.evaluate_sensor(sensor, instance, dict(resources))
 
 
 def requested_partition_keys(data) -> list[str]:
@@ -53,7 +53,7 @@ def requested_partition_keys(data) -> list[str]:
 
 def add_requested_partitions(instance: dg.DagsterInstance, data) -> list[str]:
     """Add the partitions a tick asked for; returns their keys."""
-    local_runner.add_requested_partitions(instance, data)
+    in_process_lane.add_requested_partitions(instance, data)
     return requested_partition_keys(data)
 
 
@@ -64,7 +64,7 @@ def execute_request(
     resources: Mapping[str, Any],
 ) -> dg.ExecuteInProcessResult:
     """The run `sensor` requested, executed as the lane executes it; it must succeed."""
-    run = local_runner.execute_request(instance, dict(resources), sensor.job_name, request)
+    run = in_process_lane.execute_request(instance, dict(resources), sensor.job_name, request)
     assert run.success and run.result is not None, (run.job_name, run.partition_key, run.outcome)
     return run.result
 
@@ -127,7 +127,7 @@ def drain(
     *,
     max_rounds: int = 200,
 ) -> Drained:
-    """`local_runner.run_lane` over `sensor_list`: tick every sensor in turn and execute what
+    """`in_process_lane.run_lane` over `sensor_list`: tick every sensor in turn and execute what
     each asks for, until a whole round asks for nothing (no run, no new partition). Every run
     must succeed."""
     drained = Drained()
@@ -138,7 +138,7 @@ def drain(
         drained.skip_messages[sensor.name] = data.skip_message
         drained.partitions_added.extend(requested_partition_keys(data))
 
-    def heard_run(run: local_runner.LaneRun) -> None:
+    def heard_run(run: in_process_lane.LaneRun) -> None:
         if run.result is None:
             return
         assert run.success, (run.job_name, run.partition_key, run.outcome)
@@ -147,7 +147,7 @@ def drain(
         run_key = run.result.dagster_run.tags.get(RUN_KEY_TAG)
         drained.run_keys.setdefault(sensor, []).append(run_key)
 
-    local_runner.run_lane(
+    in_process_lane.run_lane(
         instance,
         dict(resources),
         sensors=sensor_list,

@@ -7,12 +7,12 @@ import dagster as dg
 import pytest
 from dagster._core.event_api import PartitionKeyFilter
 
+from media_usage_orchestration.assets.index import COVERAGE_CHECK, MEDIA_USAGE_INDEX
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.ops.coverage import COVERAGE_CHECK, MEDIA_USAGE_INDEX
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import sample_entry
 from media_usage_orchestration.processing.operator import collection_statuses
-from media_usage_orchestration.sample_content import sample_entry
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.work import WorkRepository
 from tests.dagster.reconciliation_support import (
     OUTCOME_TAG,

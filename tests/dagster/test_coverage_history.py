@@ -14,15 +14,15 @@ from dagster._core.definitions.reconstruct import (
     reconstruct_repository_def_from_pointer,
 )
 
-from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.ops import coverage_history
-from media_usage_orchestration.ops.coverage import MEDIA_USAGE_INDEX
-from media_usage_orchestration.ops.coverage_history import (
+from media_usage_orchestration.assets import coverage_history
+from media_usage_orchestration.assets.coverage_history import (
     COVERAGE_HISTORY_GROUP,
     coverage_history_key,
 )
+from media_usage_orchestration.assets.index import MEDIA_USAGE_INDEX
+from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from media_usage_orchestration.store.deletions import DeletionRepository
-from media_usage_orchestration.store.engine import DATABASE_URL_ENV
 from media_usage_orchestration.store.registry import (
     RegistryUnreadable,
     read_live_collection_slugs_at,

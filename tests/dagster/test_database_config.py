@@ -16,7 +16,7 @@ from media_usage_orchestration.resources.database import (
     MediaUsageDatabase,
     shared_engine,
 )
-from media_usage_orchestration.store.engine import DATABASE_URL_ENV
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 

@@ -37,7 +37,7 @@ JOBS = {
         "finalize_coverage",
     ],
     "media_usage_projection_gc": ["collect_projection_garbage", "summarize_media_library"],
-    "media_usage_work": ["process_due_work"],
+    "media_usage_work": ["drain_due_work"],
     "request_collection_deletion": ["request_deletion"],
     "retry_collection_deletion": ["reopen_collection_deletion"],
     "retry_media_usage_work": ["reopen_failed_work"],

@@ -14,6 +14,7 @@ import dagster as dg
 import pytest
 from sqlalchemy import exc as sa_exc
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.ops.deletion import (
     claim_deletion,
     delete_sources,
@@ -27,12 +28,11 @@ from media_usage_orchestration.ops.deletion import (
 )
 from media_usage_orchestration.processing import deletion as processing
 from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.capture_triggers import (
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     remove_capture_triggers,
 )
-from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.deletions import (
     DeletionLease,
     DeletionPhase,

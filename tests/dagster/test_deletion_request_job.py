@@ -5,9 +5,9 @@ refused deletion fails the run with a clear message and changes nothing at all."
 import dagster as dg
 import pytest
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
 from tests.dagster.deletion_support import (
     REQUEST_JOB,

@@ -31,7 +31,7 @@ from sqlalchemy.engine import URL, make_url
 
 from media_usage_orchestration.ops.leased import COLLECTION_TAG
 from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.store.engine import DATABASE_URL_ENV
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from tests.conftest import (
     TestDatabase,
     installed_database,

@@ -15,6 +15,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection
+from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.processing.reconciliation import steps, walks
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import (
@@ -22,9 +24,7 @@ from media_usage_orchestration.processing.reconciliation.model import (
     StepResult,
 )
 from media_usage_orchestration.processing.work import WorkBatchResult
-from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter, Collection
+from media_usage_orchestration.store.core import schema
 from tests.dagster.reconciliation_support import PARTITIONS, run_partition, step_outcomes
 from tests.factories import insert_source, of
 from tests.processing.projection_helpers import canonical_key

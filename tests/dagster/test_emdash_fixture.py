@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select, text
 from ulid import ULID
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec, SubField
 from media_usage_orchestration.jobs import media_usage_activation
 from media_usage_orchestration.media.fingerprints import field_fingerprint
 from media_usage_orchestration.partitions import media_usage_collections
@@ -26,9 +27,8 @@ from media_usage_orchestration.sensors import (
     media_usage_reconciliation_sensor,
     media_usage_work_sensor,
 )
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter, FieldSpec, SubField
-from media_usage_orchestration.store.engine import create_database_engine
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import create_database_engine
 from tests.dagster.sensor_loop import drain, output_metadata, resources_for, step_report
 from tests.emdash_fence import restore_fence
 from tests.fixtures import FIXTURE_DB, REFERENCE_END_STATE, REFERENCE_FINGERPRINTS

@@ -20,7 +20,7 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from media_usage_orchestration.ops.reconciliation import FORCE_TAG
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
-from media_usage_orchestration.store.engine import DATABASE_URL_ENV
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from tests.dagster.reconciliation_support import (
     COMPLETE_RUN,
     OUTCOME_TAG,

@@ -13,11 +13,11 @@ import pytest
 from dagster._serdes import serialize_value
 from sqlalchemy import Engine, delete, event
 
-from media_usage_orchestration.local_runner import LANE_SENSORS
+from media_usage_orchestration.local.in_process_lane import LANE_SENSORS
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import steps
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
 from media_usage_orchestration.store.probes import due_reconciliations
 from tests.dagster.reconciliation_support import (

@@ -7,11 +7,11 @@ import pytest
 from sqlalchemy import update
 
 from media_usage_orchestration import jobs
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.ops.leased import OUTCOME_TAG
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import driver, steps
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
 from tests.cli.cli_support import trusted_collection
 from tests.cli.operator_states import (

@@ -7,9 +7,9 @@ import dagster as dg
 import pytest
 
 from media_usage_orchestration import jobs
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.ops import progress as progress_module
 from media_usage_orchestration.ops.progress import ProgressLog
-from media_usage_orchestration.store.cms import CmsWriter
 from tests.dagster.sensor_loop import resources
 from tests.processing.reconciliation_helpers import captured_collection, image_entry
 from tests.processing.test_run_loop import Clock as FakeClock
@@ -57,7 +57,7 @@ def _work_log_lines(db, instance, *, entries: int, batch_size: int) -> list[str]
     CmsWriter(db.engine).insert_entries(
         "articles", [image_entry(f"entry-{n}") for n in range(entries)]
     )
-    run_config = {"ops": {"process_due_work": {"config": {"batch_size": batch_size}}}}
+    run_config = {"ops": {"drain_due_work": {"config": {"batch_size": batch_size}}}}
     result = jobs.media_usage_work.execute_in_process(
         run_config=run_config, instance=instance, resources=resources(db)
     )

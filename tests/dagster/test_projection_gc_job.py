@@ -7,11 +7,11 @@ import dagster as dg
 from sqlalchemy import insert
 from ulid import ULID
 
+from media_usage_orchestration.assets.media_library import MEDIA_USAGE_MEDIA_LIBRARY
+from media_usage_orchestration.assets.projection_cleanup import MEDIA_USAGE_PROJECTION_CLEANUP
 from media_usage_orchestration.jobs import media_usage_projection_gc
-from media_usage_orchestration.ops.media_library import MEDIA_USAGE_MEDIA_LIBRARY
-from media_usage_orchestration.ops.projection_gc import MEDIA_USAGE_PROJECTION_CLEANUP
 from media_usage_orchestration.sensors import media_usage_projection_gc_sensor
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from tests.dagster.sensor_loop import evaluate, execute_request, output_metadata, plain, resources
 from tests.media_library_support import add_media, create_media_table
 from tests.processing.gc_helpers import (
@@ -98,7 +98,7 @@ def test_runs_reap_the_backlog_and_record_it_shrinking(activated):
 
 
 def test_a_failed_pass_fails_the_run_with_the_error_code(activated, monkeypatch):
-    from media_usage_orchestration.store.projection_gc import ProjectionGcRepository
+    from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("boom")

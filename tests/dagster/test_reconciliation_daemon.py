@@ -16,14 +16,14 @@ from dagster._core.scheduler.instigation import TickStatus
 from dagster._core.test_utils import freeze_time
 from dagster._daemon.sensor import execute_sensor_iteration
 
-from media_usage_orchestration.local_runner import RUN_KEY_TAG
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec
+from media_usage_orchestration.local.in_process_lane import RUN_KEY_TAG
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import maintenance, steps
 from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter, FieldSpec
-from media_usage_orchestration.store.engine import DATABASE_URL_ENV, create_database_engine
-from media_usage_orchestration.store.schema import install_schema
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
+from media_usage_orchestration.store.core.schema import install_schema
 from tests.dagster.reconciliation_support import (
     COLLECTION_ID_TAG,
     COLLECTION_TAG,

@@ -28,7 +28,7 @@ from media_usage_orchestration.processing.reconciliation import steps, walks
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.processing.reconciliation.steps import claim_collection
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
 from tests.dagster.ops_support import OpResult, invoke
 from tests.dagster.reconciliation_support import FAILED_CODE, PARTITIONS

@@ -6,11 +6,11 @@ it), so the sensor asks for a replacement and the database guards keep the stale
 import dagster as dg
 
 from media_usage_orchestration import sensors
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.sensors import COLLECTION_ID_TAG
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository
 from media_usage_orchestration.store.work import WorkRepository
 from tests.dagster.sensor_loop import add_requested_partitions, evaluate, resources_for

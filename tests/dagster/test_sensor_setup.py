@@ -5,9 +5,9 @@ import dagster as dg
 import pytest
 
 from media_usage_orchestration import sensors
-from media_usage_orchestration.local_runner import LANE_SENSORS
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.schema import EMDASH_TABLES, missing_tables
+from media_usage_orchestration.local.in_process_lane import LANE_SENSORS
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.schema import EMDASH_TABLES, missing_tables
 from tests.dagster.sensor_loop import evaluate, resources_for
 
 

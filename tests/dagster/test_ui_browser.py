@@ -25,12 +25,12 @@ from playwright.sync_api import Page, expect, sync_playwright
 from rich.console import Console
 
 from media_usage_orchestration.demo import DELETED_COLLECTION, DemoCollection, run_demo
-from media_usage_orchestration.local_runner import execute_job
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.local.in_process_lane import execute_job
 from media_usage_orchestration.ops.reconciliation import FORCE_TAG
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.cms import CmsWriter
-from media_usage_orchestration.store.engine import DATABASE_URL_ENV, create_database_engine
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
 from tests.dagster.browser_support import (
     LOCATION_PATH,
     UI_TIMEOUT_MS,

@@ -10,10 +10,10 @@ import dagster as dg
 from dagster_graphql import DagsterGraphQLClient
 from playwright.sync_api import expect
 
+from media_usage_orchestration.assets.coverage_history import coverage_history_key
 from media_usage_orchestration.demo import DELETED_COLLECTION
-from media_usage_orchestration.ops.coverage_history import coverage_history_key
-from media_usage_orchestration.sample_content import sample_entry
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import sample_entry
 from tests.dagster.test_coverage_check import SHOWN
 from tests.dagster.test_ui_browser import WORK_JOB, ui  # noqa: F401  (the module's own demo)
 from tests.dagster.test_ui_browser import pytestmark as ui_browser_marks

@@ -11,19 +11,19 @@ from dagster._core.remote_origin import (
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from sqlalchemy import text
 
-from media_usage_orchestration import local_runner
-from media_usage_orchestration.jobs import media_usage_activation, media_usage_work
-from media_usage_orchestration.media.sources import source_key
-from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.sample_content import (
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import (
     MEDIA_FIELDS,
     draft_revision_data,
     sample_entries,
 )
+from media_usage_orchestration.jobs import media_usage_activation, media_usage_work
+from media_usage_orchestration.local import in_process_lane
+from media_usage_orchestration.media.sources import source_key
+from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.sensors import media_usage_work_sensor
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
-from media_usage_orchestration.store.source_writes import SourceRepository
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.sources.writes import SourceRepository
 from tests.dagster.sensor_loop import (
     RUN_KEY_TAG,
     drain,
@@ -66,7 +66,7 @@ def _work_runs(instance, resources) -> list[dg.ExecuteInProcessResult]:
 def _totals(runs) -> dict[str, int]:
     totals: dict[str, int] = {}
     for result in runs:
-        metadata = output_metadata(result, "process_due_work")
+        metadata = output_metadata(result, "drain_due_work")
         assert metadata["claimed"] <= ITEMS_PER_RUN
         for name in ("claimed", "completed", "retry", "failed", "superseded", "obsolete"):
             totals[name] = totals.get(name, 0) + metadata[name]
@@ -232,10 +232,10 @@ def test_the_run_key_follows_the_due_set_and_the_sensor_skips_when_nothing_is_du
         assert request.run_key == again.run_requests[0].run_key
         assert request.run_key.startswith(f"work:{posts.id}:")
         assert request.tags["media_usage/workflow"] == "work"
-        assert request.run_config["ops"]["process_due_work"]["config"]["max_items"] == 1
+        assert request.run_config["ops"]["drain_due_work"]["config"]["max_items"] == 1
 
         result = execute_request(media_usage_work_sensor, request, instance, resources)
-        assert output_metadata(result, "process_due_work")["completed"] == 1
+        assert output_metadata(result, "drain_due_work")["completed"] == 1
         assert [row["content_id"] for row in all_rows(db.engine, schema.work)] == ["entry-2"]
 
         after = evaluate(media_usage_work_sensor, instance, resources)
@@ -314,7 +314,9 @@ def test_after_a_run_fails_or_is_canceled_without_progress_the_key_changes(db):
         request = evaluate(media_usage_work_sensor, instance, resources).run_requests[0]
         with db.engine.begin() as connection:
             connection.execute(text("ALTER TABLE _emdash_media_usage_work RENAME TO moved_work"))
-        failed = local_runner.execute_request(instance, resources, media_usage_work.name, request)
+        failed = in_process_lane.execute_request(
+            instance, resources, media_usage_work.name, request
+        )
         assert not failed.success
         with db.engine.begin() as connection:
             connection.execute(text("ALTER TABLE moved_work RENAME TO _emdash_media_usage_work"))
@@ -341,5 +343,5 @@ def test_after_a_run_fails_or_is_canceled_without_progress_the_key_changes(db):
         assert after_cancel[0].run_key not in {request.run_key, after_failure[0].run_key}
 
         done = execute_request(media_usage_work_sensor, after_cancel[0], instance, resources)
-        assert output_metadata(done, "process_due_work")["completed"] == 1
+        assert output_metadata(done, "drain_due_work")["completed"] == 1
     assert count(db.engine, schema.work) == 0

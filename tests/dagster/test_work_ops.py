@@ -14,6 +14,8 @@ from sqlalchemy import create_engine, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.ops import common
 from media_usage_orchestration.ops.activation import activate_capture
 from media_usage_orchestration.ops.common import (
@@ -21,21 +23,19 @@ from media_usage_orchestration.ops.common import (
     is_transient_database_error,
     retry_transient_errors_only,
 )
-from media_usage_orchestration.ops.work import project_due_work
+from media_usage_orchestration.ops.work import drain_due_work
 from media_usage_orchestration.processing import run_loop
 from media_usage_orchestration.processing.retry_policy import WORK_RETRY
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.sample_content import MEDIA_FIELDS
-from media_usage_orchestration.store import engine as engine_module
-from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.activation import claim_activation
-from media_usage_orchestration.store.capture_triggers import (
+from media_usage_orchestration.store.core import engine as engine_module
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     verify_capture_triggers,
 )
-from media_usage_orchestration.store.cms import CmsWriter
 from tests.dagster.ops_support import invoke
 from tests.factories import draft_revision, insert_registry
 from tests.processing.projection_helpers import (
@@ -60,7 +60,7 @@ def _resources(url: str) -> dict:
 
 def _run_work_op(db, **config) -> dict:
     """Invoke the op directly; returns its output metadata as plain values."""
-    return invoke(project_due_work, db, op_config=config).metadata
+    return invoke(drain_due_work, db, op_config=config).metadata
 
 
 def _counts(metadata: dict) -> dict:
@@ -83,7 +83,7 @@ def _broken_draft(db, slug: str, content_id: str) -> None:
     draft_revision(db.engine, slug, content_id, "{", revision_id=f"broken-{content_id}")
 
 
-# --- process_due_work -------------------------------------------------------------------------
+# --- drain_due_work ---------------------------------------------------------------------------
 
 
 def test_the_item_budget_bounds_one_invocation_and_the_next_one_finishes(db):
@@ -241,7 +241,7 @@ def test_a_locked_database_propagates_unchanged_for_the_retry_policy(db, monkeyp
     message = str(raised.value.orig).lower()
     assert ("lock timeout" in message) if db.is_postgres else ("database is locked" in message)
     assert work_for(db.engine, "entry-0")["state"] == "pending"
-    assert project_due_work.retry_policy == TRANSIENT_RETRY_POLICY
+    assert drain_due_work.retry_policy == TRANSIENT_RETRY_POLICY
     assert TRANSIENT_RETRY_POLICY.max_retries == 3
 
 
@@ -273,7 +273,7 @@ def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, mo
     # policy shows the behaviour without the wait.
     @dg.job(executor_def=dg.in_process_executor)
     def retried_work():
-        project_due_work.with_retry_policy(dg.RetryPolicy(max_retries=2))()
+        drain_due_work.with_retry_policy(dg.RetryPolicy(max_retries=2))()
 
     with dg.instance_for_test() as instance:
         result = retried_work.execute_in_process(
@@ -295,7 +295,7 @@ def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, mo
         )
         assert not result.success and _retry_events(result) == 0
         assert calls.count("broken") == 1
-        failure = result.failure_data_for_node("process_due_work")
+        failure = result.failure_data_for_node("drain_due_work")
         assert "ValueError: a bug, not a busy database" in failure.error.message
         assert work_for(db.engine, "entry-late")["state"] == "pending"
 

@@ -17,7 +17,7 @@ from media_usage_orchestration.media.canonical import (
     utf8_bytes,
     utf16_key,
 )
-from media_usage_orchestration.store.json_text import parse_json
+from media_usage_orchestration.values.json_text import parse_json
 
 GRINNING = "\U0001f600"  # non-BMP: a surrogate pair in UTF-16 (0xD83D 0xDE00)
 PRIVATE_USE = "\ue000"  # BMP, above the surrogate range

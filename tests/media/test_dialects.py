@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec, SubField
 from media_usage_orchestration.media.snapshots import build_columns_source
 from media_usage_orchestration.processing.content_reads import load_fields
-from media_usage_orchestration.store.cms import CmsWriter, FieldSpec, SubField
-from media_usage_orchestration.store.schema import SYSTEM_COLUMNS
+from media_usage_orchestration.store.core.schema import SYSTEM_COLUMNS
 
 COLLECTION_ID = "01JDIALECT0000000000000000"
 FIELDS = (

@@ -14,8 +14,8 @@ from media_usage_orchestration.media.fields import (
     identifier_collation_key,
 )
 from media_usage_orchestration.processing.content_reads import load_fields
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.identifiers import InvalidIdentifierError
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.values.identifiers import InvalidIdentifierError
 
 
 def row(slug: str, field_type: str, validation: object = None) -> dict:

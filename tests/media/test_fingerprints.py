@@ -16,7 +16,7 @@ from media_usage_orchestration.media.fingerprints import (
     projection_fingerprint,
 )
 from media_usage_orchestration.media.sources import ContentSource
-from media_usage_orchestration.store.source_records import is_projection_fingerprint
+from media_usage_orchestration.values.source_records import is_projection_fingerprint
 
 # fixtures/README.md: the field fingerprint EmDash stored for both fixture collections.
 FIXTURE_FIELD_FINGERPRINT = (

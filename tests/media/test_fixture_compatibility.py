@@ -20,7 +20,7 @@ from media_usage_orchestration.media.snapshots import (
 )
 from media_usage_orchestration.media.sources import ContentSource
 from media_usage_orchestration.processing.content_reads import load_fields
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from tests.fixtures import FIXTURE_DB, FIXTURES
 
 FIELD_FINGERPRINT = (

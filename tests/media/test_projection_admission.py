@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from sqlalchemy import text, update
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec
 from media_usage_orchestration.media.extraction import MediaOccurrence
 from media_usage_orchestration.media.fields import ExtractionField, FieldDiscovery
 from media_usage_orchestration.media.fingerprints import projection_fingerprint
@@ -22,11 +23,10 @@ from media_usage_orchestration.media.sources import ContentSource, source_key
 from media_usage_orchestration.processing.content_reads import load_content_snapshots
 from media_usage_orchestration.processing.projection import plan_projection_admission
 from media_usage_orchestration.processing.work import WorkOutcome, process_work_after_write
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter, FieldSpec
-from media_usage_orchestration.store.engine import read_transaction
-from media_usage_orchestration.store.source_records import SourceRow
-from media_usage_orchestration.store.source_writes import SourceRepository
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import read_transaction
+from media_usage_orchestration.store.sources.writes import SourceRepository
+from media_usage_orchestration.values.source_records import SourceRow
 from tests.processing.projection_helpers import (
     ADMISSION_FIELDS,
     active_collection,

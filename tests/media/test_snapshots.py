@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.media.snapshots import SnapshotError, build_content_snapshots
 from media_usage_orchestration.processing.content_reads import load_content_snapshots, load_fields
-from media_usage_orchestration.sample_content import MEDIA_FIELDS
-from media_usage_orchestration.store.cms import CmsWriter
-from media_usage_orchestration.store.engine import read_transaction
-from media_usage_orchestration.store.identifiers import COLLECTION_ID_RESULT
+from media_usage_orchestration.store.core.engine import read_transaction
+from media_usage_orchestration.values.identifiers import COLLECTION_ID_RESULT
 from tests.factories import insert_revision
 from tests.processing.projection_helpers import image
 from tests.support import make_collection

@@ -26,7 +26,7 @@ from media_usage_orchestration.media.sources import (
     legacy_source_key,
     source_key,
 )
-from media_usage_orchestration.store.identifiers import InvalidIdentifierError
+from media_usage_orchestration.values.identifiers import InvalidIdentifierError
 
 COLLECTION_ID = "01JCOLLECTION0000000000000"
 DISCOVERY = FieldDiscovery(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, func, select, update
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.projection_gc import (
     GcLimits,
     GcOutcome,
@@ -12,9 +13,8 @@ from media_usage_orchestration.processing.projection_gc import (
     run_projection_gc,
 )
 from media_usage_orchestration.processing.work import process_due_batch
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.clock import timestamp_offset
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.clock import timestamp_offset
 from tests.processing.projection_helpers import active_collection, image
 from tests.support import backdate, count
 

@@ -8,11 +8,16 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
+from media_usage_orchestration.emdash_double.cms_writer import (
+    CmsWriter,
+    Collection,
+    FieldSpec,
+    SubField,
+)
 from media_usage_orchestration.media.sources import source_key
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter, Collection, FieldSpec, SubField
-from media_usage_orchestration.store.source_records import SourceRow
-from media_usage_orchestration.store.source_writes import SourceRepository
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.sources.writes import SourceRepository
+from media_usage_orchestration.values.source_records import SourceRow
 from tests.factories import draft_revision
 from tests.support import IMAGE_ONLY, count, one, set_activation, set_status
 from tests.triggers import create_trigger, drop_trigger

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection, FieldSpec
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.processing.reconciliation.steps import claim_collection
 from media_usage_orchestration.processing.reconciliation.tick import process_due_reconciliation
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter, Collection, FieldSpec
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.reconciliations import ReconciliationClaim
 from tests.support import (
     IMAGE_ONLY,

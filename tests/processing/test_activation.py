@@ -11,7 +11,7 @@ import time
 import pytest
 from sqlalchemy import Engine, inspect, select, text, update
 
-from media_usage_orchestration.errors import CmsError
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec
 from media_usage_orchestration.processing.activation import (
     ActivationError,
     ActivationOutcome,
@@ -19,23 +19,23 @@ from media_usage_orchestration.processing.activation import (
     activate,
     activate_step,
 )
-from media_usage_orchestration.store import schema
 from media_usage_orchestration.store.activation import (
     ActivationGenerationError,
     claim_activation,
     finalize_activation,
     lease_is_live,
 )
-from media_usage_orchestration.store.capture_triggers import (
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     install_capture_triggers,
     list_owned_triggers,
     verify_capture_triggers,
 )
-from media_usage_orchestration.store.cms import CmsWriter, FieldSpec
-from media_usage_orchestration.store.engine import create_database_engine
-from media_usage_orchestration.store.schema import ACTIVATION_KEY
+from media_usage_orchestration.store.core.engine import create_database_engine
+from media_usage_orchestration.store.core.schema import ACTIVATION_KEY
 from media_usage_orchestration.store.status import LifecycleConflictError
+from media_usage_orchestration.values.errors import CmsError
 from tests.factories import insert_deletion, insert_registry, insert_status
 from tests.fixtures import FIXTURE_DB
 from tests.support import (

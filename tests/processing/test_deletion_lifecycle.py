@@ -9,12 +9,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event, inspect
 
-from media_usage_orchestration.errors import (
-    CmsError,
-    CollectionHasContentError,
-    CollectionNotFoundError,
-    DeletionConflictError,
-)
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.deletion import (
     DeletionNotReady,
@@ -26,18 +21,23 @@ from media_usage_orchestration.processing.deletion import (
     process_due_deletions,
     request_collection_deletion,
 )
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.capture_triggers import (
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     list_owned_triggers,
     remove_capture_triggers,
 )
-from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.deletions import (
     DeletionIdentityConflict,
     DeletionRepository,
 )
-from media_usage_orchestration.store.identifiers import InvalidIdentifierError
+from media_usage_orchestration.values.errors import (
+    CmsError,
+    CollectionHasContentError,
+    CollectionNotFoundError,
+    DeletionConflictError,
+)
+from media_usage_orchestration.values.identifiers import InvalidIdentifierError
 from tests.factories import FUTURE, PAST, insert_deletion, insert_registry, of
 from tests.store.deletion_helpers import add_source, expire_lease, ids, set_tombstone
 from tests.support import (

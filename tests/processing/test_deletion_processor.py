@@ -10,6 +10,7 @@ from datetime import datetime
 import pytest
 from sqlalchemy import inspect
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing import deletion
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.deletion import (
@@ -33,8 +34,7 @@ from media_usage_orchestration.processing.deletion import (
     table_step,
 )
 from media_usage_orchestration.processing.retry_policy import DELETION_RETRY
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import (
     DeletionCleanupIncomplete,
     DeletionLease,

@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.media.extraction import extract_occurrences
 from media_usage_orchestration.media.fields import discover_fields
 from media_usage_orchestration.processing.verify import OCCURRENCE_COLUMNS, verify_index
 from media_usage_orchestration.processing.work import process_due_batch
-from media_usage_orchestration.sample_content import MEDIA_FIELDS
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
 from media_usage_orchestration.store.content import field_rows
+from media_usage_orchestration.store.core import schema
 from tests.processing.projection_helpers import active_collection, canonical_key
 from tests.support import all_rows
 

@@ -7,6 +7,7 @@ import pytest
 from sqlalchemy import insert, select, update
 from ulid import ULID
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing import projection_gc
 from media_usage_orchestration.processing.projection_gc import (
     CLEANUP_FAILED,
@@ -15,9 +16,8 @@ from media_usage_orchestration.processing.projection_gc import (
     run_projection_gc,
 )
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
-from media_usage_orchestration.store.projection_gc import ProjectionGcRepository
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
 from tests.processing.gc_helpers import (
     HOUR,
     age_occurrences,

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import update
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec
 from media_usage_orchestration.processing.projection import refresh_content_for_work
 from media_usage_orchestration.processing.reconciliation.model import (
     ENTRY_FAILED,
@@ -17,9 +18,8 @@ from media_usage_orchestration.processing.reconciliation.model import (
 )
 from media_usage_orchestration.processing.reconciliation.steps import record_step_failure
 from media_usage_orchestration.processing.work import process_due_work
-from media_usage_orchestration.store import schema
 from media_usage_orchestration.store import status as status_store
-from media_usage_orchestration.store.cms import CmsWriter, FieldSpec
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
 from tests.factories import insert_source, of
 from tests.processing.projection_helpers import canonical_key, find_source

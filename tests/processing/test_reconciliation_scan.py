@@ -17,7 +17,7 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ScanOutcome,
 )
 from media_usage_orchestration.processing.reconciliation.steps import scan_page
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from tests.factories import PAST, insert_work, of
 from tests.processing.reconciliation_helpers import (
     FINGERPRINT_PATTERN,

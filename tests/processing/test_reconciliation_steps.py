@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.processing import work as work_processing
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
@@ -33,9 +35,7 @@ from media_usage_orchestration.processing.reconciliation.steps import (
 from media_usage_orchestration.processing.reconciliation.tick import process_due_reconciliation
 from media_usage_orchestration.processing.retry_policy import RECONCILIATION_RETRY, WORK_RETRY
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.reconciliations import (
     ReconciliationRepository,
     WorkBarrierState,

@@ -26,7 +26,7 @@ from media_usage_orchestration.processing.reconciliation.steps import prepare_ru
 from media_usage_orchestration.processing.run_loop import Budget, PagingEnd, drain_due_work
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import WorkOutcome, process_claimed
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.reconciliations import WorkBarrierState
 from media_usage_orchestration.store.work import WorkRepository
 from tests.processing.reconciliation_helpers import (

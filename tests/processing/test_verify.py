@@ -6,16 +6,16 @@ from click.testing import CliRunner
 from sqlalchemy import delete, select, update
 
 from media_usage_orchestration.cli import main
-from media_usage_orchestration.processing.verify import DriftKind, verify_index
-from media_usage_orchestration.processing.work import process_due_batch
-from media_usage_orchestration.sample_content import (
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import (
     MEDIA_FIELDS,
     draft_revision_data,
     sample_entries,
     sample_entry,
 )
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.processing.verify import DriftKind, verify_index
+from media_usage_orchestration.processing.work import process_due_batch
+from media_usage_orchestration.store.core import schema
 from tests.processing.projection_helpers import (
     active_collection,
     canonical_key,

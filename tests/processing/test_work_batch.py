@@ -7,7 +7,7 @@ import threading
 
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import WorkOutcome, process_due_batch
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from tests.processing.projection_helpers import (
     active_collection,
     canonical_key,

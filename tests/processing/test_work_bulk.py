@@ -10,10 +10,15 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text, update
 
+from media_usage_orchestration.emdash_double.cms_writer import (
+    CmsWriter,
+    Collection,
+    FieldSpec,
+    SubField,
+)
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter, Collection, FieldSpec, SubField
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.work import WorkLease, WorkRepository
 from tests.conftest import TestDatabase
 from tests.factories import insert_revision

@@ -8,6 +8,7 @@ import threading
 import pytest
 from sqlalchemy import delete, text, update
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.retry_policy import WORK_RETRY
 from media_usage_orchestration.processing.work import (
     JOBS_PER_TICK,
@@ -18,9 +19,8 @@ from media_usage_orchestration.processing.work import (
     process_work_after_write,
     work_error_code,
 )
-from media_usage_orchestration.store import schema
 from media_usage_orchestration.store import status as status_store
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from tests.factories import draft_revision, insert_registry
 from tests.processing.projection_helpers import (
     active_collection,

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import func, insert, select, update
 from ulid import ULID
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.projection_gc import (
     GcLimits,
     GcOutcome,
@@ -19,8 +20,7 @@ from media_usage_orchestration.processing.projection_gc import (
 )
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import process_due_batch
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from tests.processing.gc_helpers import (
     HOUR,
     drain,

@@ -19,11 +19,14 @@ from dataclasses import dataclass
 import dagster as dg
 import pytest
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import (
+    draft_revision_data,
+    sample_entries,
+)
 from media_usage_orchestration.processing.reconciliation import model, steps
-from media_usage_orchestration.sample_content import draft_revision_data, sample_entries
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
-from media_usage_orchestration.store.engine import DATABASE_URL_ENV, create_database_engine
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
 from media_usage_orchestration.store.work import WorkRepository
 from tests.dagster.reconciliation_support import (
     COMPLETE_RUN,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.processing.activation import ActivationOutcome, activate
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.sample_content import MEDIA_FIELDS, sample_entries
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.store.core import schema
 from tests.support import count
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
@@ -102,7 +102,7 @@ def _work_process(url: str, ledger_path: str, summary_path: str, start) -> None:
     result = media_usage_work.execute_in_process(
         run_config={
             "ops": {
-                "process_due_work": {
+                "drain_due_work": {
                     "config": {"max_items": 100_000, "max_seconds": 300, "batch_size": 25}
                 }
             }
@@ -112,7 +112,7 @@ def _work_process(url: str, ledger_path: str, summary_path: str, start) -> None:
         raise_on_error=False,
     )
     metadata = {}
-    for event in result.events_for_node("process_due_work"):
+    for event in result.events_for_node("drain_due_work"):
         if event.is_successful_output:
             metadata = {
                 key: getattr(value, "value", value)

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from sqlalchemy import Engine, update
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import Collection
+from media_usage_orchestration.emdash_double.cms_writer import Collection
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import (
     DeletionClaim,
     DeletionPhase,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import Collection, FieldSpec
+from media_usage_orchestration.emdash_double.cms_writer import Collection, FieldSpec
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.reconciliations import (
     ReconciliationClaim,
     ReconciliationRepository,

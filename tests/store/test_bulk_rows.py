@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import bindparam, insert, select
 from ulid import ULID
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.source_records import new_ulids, ulid_text
-from media_usage_orchestration.store.source_rows import execute_many
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.sources.rows import execute_many
+from media_usage_orchestration.values.source_records import new_ulids, ulid_text
 
 
 def test_ulid_text_is_the_library_encoding():

@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import Engine, select, text, update
 from sqlalchemy.exc import DBAPIError
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.capture_triggers import (
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.capture_triggers import (
     CAPTURE_INACTIVE_MESSAGE,
     CaptureIdentity,
     CaptureLifecycleError,
@@ -21,8 +22,7 @@ from media_usage_orchestration.store.capture_triggers import (
     remove_capture_triggers,
     verify_capture_triggers,
 )
-from media_usage_orchestration.store.cms import CmsWriter
-from media_usage_orchestration.store.identifiers import InvalidIdentifierError
+from media_usage_orchestration.values.identifiers import InvalidIdentifierError
 from tests.support import (
     NO_MEDIA,
     all_rows,

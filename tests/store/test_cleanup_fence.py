@@ -1,6 +1,6 @@
 """The fence installer: EmDash's trigger names on each dialect, idempotent, and repairable."""
 
-from media_usage_orchestration.store.cleanup_fence import (
+from media_usage_orchestration.store.core.cleanup_fence import (
     fence_triggers,
     install_cleanup_fence,
     installed_fence_triggers,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from media_usage_orchestration.store import engine as engine_module
-from media_usage_orchestration.store.engine import create_database_engine
+from media_usage_orchestration.store.core import engine as engine_module
+from media_usage_orchestration.store.core.engine import create_database_engine
 from tests.conftest import postgres_schema, require_postgres
 
 
@@ -52,7 +52,7 @@ def test_an_idle_dead_connection_is_replaced_before_use(pg_engine, monkeypatch):
 def test_without_the_idle_ping_a_dead_connection_fails_its_statement(pg_engine):
     """The ping is what saves the idle case above: a connection used moments ago is trusted,
     so its failure surfaces as a transient disconnect (which the steps retry)."""
-    from media_usage_orchestration.store.engine import is_transient_database_error
+    from media_usage_orchestration.store.core.engine import is_transient_database_error
 
     first = _backend_pid(pg_engine)
     with create_database_engine(pg_engine.url).connect() as admin:

@@ -7,15 +7,15 @@ import dataclasses
 
 import pytest
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cursors import InvalidCursorError, encode_cursor
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.leases import LeaseState
 from media_usage_orchestration.store.deletions import (
     DeletionPhase,
     DeletionRepository,
     OperatorDeletionItem,
 )
-from media_usage_orchestration.store.leases import LeaseState
-from media_usage_orchestration.store.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.cursors import InvalidCursorError, encode_cursor
+from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
 from tests.store.deletion_helpers import (
     LEASE_SECONDS,
     claimed,

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import event, insert
 
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import (
     DeletionPhase,
     DeletionRepository,

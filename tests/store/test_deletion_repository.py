@@ -7,8 +7,9 @@ import pytest
 from sqlalchemy import inspect
 from sqlalchemy.exc import IntegrityError
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.leases import LeaseState
 from media_usage_orchestration.store.deletions import (
     DeletionClaim,
     DeletionCleanupIncomplete,
@@ -22,7 +23,6 @@ from media_usage_orchestration.store.deletions import (
     find_due_statement,
     is_slug_deleting,
 )
-from media_usage_orchestration.store.leases import LeaseState
 from tests.factories import insert_deletion
 from tests.store.deletion_helpers import (
     LEASE_SECONDS,

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from media_usage_orchestration.store.json_text import _parse_iteratively, parse_json
+from media_usage_orchestration.values.json_text import _parse_iteratively, parse_json
 
 ORDINARY = [
     '{"a":[1,2.5,"x"]}',

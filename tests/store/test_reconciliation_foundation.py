@@ -10,9 +10,8 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import inspect, select, update
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.leases import LeaseState, due_candidates_statement
-from media_usage_orchestration.store.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.leases import LeaseState, due_candidates_statement
 from media_usage_orchestration.store.probes import claimable_reconciliations
 from media_usage_orchestration.store.reconciliations import (
     ENTRY_FAILED_CODE,
@@ -23,6 +22,7 @@ from media_usage_orchestration.store.reconciliations import (
     WorkBarrierState,
     find_due_statement,
 )
+from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
 from tests.factories import (
     FUTURE,
     PAST,

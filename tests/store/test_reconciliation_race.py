@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
 from tests.store.reconciliation_helpers import reconciliation_row
 from tests.support import count, make_collection, set_activation

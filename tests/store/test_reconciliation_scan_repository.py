@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.reconciliations import (
     ReconciliationPhase,
     ReconciliationRepository,

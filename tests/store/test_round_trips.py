@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from media_usage_orchestration.store.engine import read_transaction, single_statement
+from media_usage_orchestration.store.core.engine import read_transaction, single_statement
 
 
 def _autocommit(connection) -> bool:

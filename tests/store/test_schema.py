@@ -1,6 +1,6 @@
 from sqlalchemy import inspect, select
 
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 
 
 def test_install_creates_every_table_and_index_and_is_idempotent(empty_db):

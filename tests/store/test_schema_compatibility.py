@@ -10,8 +10,8 @@ import uuid
 import pytest
 from sqlalchemy import create_engine, text
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cleanup_fence import missing_fence
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.cleanup_fence import missing_fence
 from tests.conftest import postgres_admin_url
 from tests.emdash_fence import EMDASH_SQLITE_FENCE, restore_fence
 from tests.fixtures import FIXTURE_DB, SCHEMA_POSTGRES

@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import delete, text, update
 
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.content_reads import load_content_snapshots
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cms import CmsWriter
-from media_usage_orchestration.store.engine import read_transaction
-from media_usage_orchestration.store.source_writes import SourceRepository
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import read_transaction
+from media_usage_orchestration.store.sources.writes import SourceRepository
 from tests.factories import insert_occurrences, insert_revision
 from tests.processing.projection_helpers import image, total_rows
 from tests.support import count, make_collection

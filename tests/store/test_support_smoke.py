@@ -1,4 +1,4 @@
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from tests.support import backdate, count, db_now, make_collection, set_activation, status_row
 
 

@@ -11,16 +11,16 @@ import dataclasses
 import pytest
 from sqlalchemy import select
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.cursors import InvalidCursorError
-from media_usage_orchestration.store.leases import LeaseState
-from media_usage_orchestration.store.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.leases import LeaseState
 from media_usage_orchestration.store.work import (
     OperatorPage,
     OperatorRetryResult,
     OperatorWorkItem,
     WorkRepository,
 )
+from media_usage_orchestration.values.cursors import InvalidCursorError
+from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
 from tests.factories import insert_work, insert_works
 from tests.store.work_helpers import after_epoch_bump, read_work
 from tests.support import make_collection, set_status, snapshot, status_row

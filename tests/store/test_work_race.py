@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.leases import LeaseState
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.leases import LeaseState
 from media_usage_orchestration.store.work import WorkRecord, WorkRepository
 from tests.factories import insert_work, insert_works
 from tests.store.work_helpers import read_work

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.engine import make_url
 
-from media_usage_orchestration.store import schema
-from media_usage_orchestration.store.engine import create_database_engine
-from media_usage_orchestration.store.leases import LeaseState
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import create_database_engine
+from media_usage_orchestration.store.core.leases import LeaseState
 from media_usage_orchestration.store.work import (
     WorkLease,
     WorkRecord,

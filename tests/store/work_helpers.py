@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine, update
 
-from media_usage_orchestration.store import schema
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.work import WorkLease
 from tests.support import one
 from tests.triggers import create_trigger

@@ -12,11 +12,16 @@ from __future__ import annotations
 import logging
 from enum import StrEnum
 
-from ...store.engine import Engine
-from ...store.reconciliations import ReconciliationClaim
-from ..run_loop import Budget, Paging, PagingEnd
-from . import steps, walks
-from .model import DRAIN_BATCH_SIZE, LEASE_DURATION_SECONDS, ReconciliationOutcome, ScanOutcome
+from media_usage_orchestration.processing.reconciliation import steps, walks
+from media_usage_orchestration.processing.reconciliation.model import (
+    DRAIN_BATCH_SIZE,
+    LEASE_DURATION_SECONDS,
+    ReconciliationOutcome,
+    ScanOutcome,
+)
+from media_usage_orchestration.processing.run_loop import Budget, Paging, PagingEnd
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.reconciliations import ReconciliationClaim
 
 logger = logging.getLogger(__name__)
 

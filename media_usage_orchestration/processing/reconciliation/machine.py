@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ...media.fields import FieldDiscovery
-from ...media.fingerprints import field_fingerprint
-from ...media.sources import CONTENT_SOURCE_SCHEMA_VERSION, SOURCE_VARIANTS
-from ...store.engine import Engine, read_transaction
-from ...store.reconciliations import (
+from media_usage_orchestration.media.fields import FieldDiscovery
+from media_usage_orchestration.media.fingerprints import field_fingerprint
+from media_usage_orchestration.media.sources import CONTENT_SOURCE_SCHEMA_VERSION, SOURCE_VARIANTS
+from media_usage_orchestration.processing.content_reads import load_fields
+from media_usage_orchestration.processing.reconciliation.model import (
+    INVALID_SOURCE,
+    PAGE_SIZE,
+    WAIT_DELAY_SECONDS,
+    ReconciliationOutcome,
+    ScanOutcome,
+)
+from media_usage_orchestration.store.core.engine import Engine, read_transaction
+from media_usage_orchestration.store.reconciliations import (
     ReconciliationClaim,
     ReconciliationPhase,
     ReconciliationRecord,
@@ -22,15 +30,7 @@ from ...store.reconciliations import (
     SourceCandidate,
     WorkBarrierState,
 )
-from ...store.work import WorkRepository
-from ..content_reads import load_fields
-from .model import (
-    INVALID_SOURCE,
-    PAGE_SIZE,
-    WAIT_DELAY_SECONDS,
-    ReconciliationOutcome,
-    ScanOutcome,
-)
+from media_usage_orchestration.store.work import WorkRepository
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ...store.engine import Engine
-from ...store.reconciliations import ReconciliationRepository
-from ..work import capture_is_active
-from . import machine
-from .model import ReconciliationOutcome
+from media_usage_orchestration.processing.reconciliation import machine
+from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
+from media_usage_orchestration.processing.work import capture_is_active
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.reconciliations import ReconciliationRepository
 
 SETTLE_LIMIT = 100
 SETTLE_COUNTS = ("obsolete_deleted", "failed_published", "failed_reset", "stuck_pinned", "seeded")

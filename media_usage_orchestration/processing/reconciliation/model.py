@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ...store.reconciliations import ENTRY_FAILED_CODE, ReconciliationClaim
-from ...store.work import MAX_WORK_SELECTION_LIMIT
+from media_usage_orchestration.store.reconciliations import ENTRY_FAILED_CODE, ReconciliationClaim
+from media_usage_orchestration.store.work import MAX_WORK_SELECTION_LIMIT
 
 CANDIDATES_PER_TICK = 4
 PAGE_SIZE = 50

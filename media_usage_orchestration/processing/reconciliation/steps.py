@@ -15,22 +15,10 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 
-from ...store.engine import Engine
-from ...store.identifiers import require_text
-from ...store.leases import LeaseState
-from ...store.reconciliations import (
-    ReconciliationClaim,
-    ReconciliationPhase,
-    ReconciliationRecord,
-    ReconciliationRepository,
-    WorkBarrier,
-)
-from ..phases import phase
-from ..retry_policy import RECONCILIATION_RETRY
-from ..work import capture_is_active
-from . import machine
-from .machine import RunFields
-from .model import (
+from media_usage_orchestration.processing.phases import phase
+from media_usage_orchestration.processing.reconciliation import machine
+from media_usage_orchestration.processing.reconciliation.machine import RunFields
+from media_usage_orchestration.processing.reconciliation.model import (
     CONTINUE_DELAY_SECONDS,
     LEASE_DURATION_SECONDS,
     RECONCILIATION_FAILED,
@@ -39,6 +27,18 @@ from .model import (
     ScanOutcome,
     StepResult,
 )
+from media_usage_orchestration.processing.retry_policy import RECONCILIATION_RETRY
+from media_usage_orchestration.processing.work import capture_is_active
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.core.leases import LeaseState
+from media_usage_orchestration.store.reconciliations import (
+    ReconciliationClaim,
+    ReconciliationPhase,
+    ReconciliationRecord,
+    ReconciliationRepository,
+    WorkBarrier,
+)
+from media_usage_orchestration.values.identifiers import require_text
 
 
 def _step_result(

@@ -10,16 +10,8 @@ import logging
 import random
 from collections.abc import Callable
 
-from ...store.engine import Engine
-from ...store.reconciliations import (
-    ReconciliationClaim,
-    ReconciliationPhase,
-    ReconciliationRecord,
-    ReconciliationRepository,
-)
-from ..work import capture_is_active
-from . import machine
-from .model import (
+from media_usage_orchestration.processing.reconciliation import machine
+from media_usage_orchestration.processing.reconciliation.model import (
     CANDIDATES_PER_TICK,
     CONTINUE_DELAY_SECONDS,
     LEASE_DURATION_SECONDS,
@@ -27,7 +19,15 @@ from .model import (
     ReconciliationTickResult,
     ScanOutcome,
 )
-from .steps import record_step_failure
+from media_usage_orchestration.processing.reconciliation.steps import record_step_failure
+from media_usage_orchestration.processing.work import capture_is_active
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.reconciliations import (
+    ReconciliationClaim,
+    ReconciliationPhase,
+    ReconciliationRecord,
+    ReconciliationRepository,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -13,19 +13,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ...store.engine import Engine
-from ...store.reconciliations import ReconciliationClaim, WorkBarrierState
-from ...store.work import WorkRepository
-from ..phases import phase
-from ..run_loop import Budget, Page, Paging, PagingEnd, page_until_done
-from ..work import WorkBatchResult, process_due_batch
-from . import steps
-from .model import (
+from media_usage_orchestration.processing.phases import phase
+from media_usage_orchestration.processing.reconciliation import steps
+from media_usage_orchestration.processing.reconciliation.model import (
     CONTINUE_DELAY_SECONDS,
     LEASE_DURATION_SECONDS,
     ReconciliationOutcome,
     ScanOutcome,
 )
+from media_usage_orchestration.processing.run_loop import (
+    Budget,
+    Page,
+    Paging,
+    PagingEnd,
+    page_until_done,
+)
+from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.reconciliations import ReconciliationClaim, WorkBarrierState
+from media_usage_orchestration.store.work import WorkRepository
 
 PageOutcome = ScanOutcome | ReconciliationOutcome
 # How often a drain whose remaining items are leased by other claimers looks again.

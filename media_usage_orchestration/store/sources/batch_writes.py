@@ -31,12 +31,24 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from .clock import lease_live_at_clock, timestamp_offset
-from .identifiers import require_text
-from .json_rows import JsonRows
-from .predicates import registry_identity_is_current
-from .schema import collections, dialect_insert, generation_writes, occurrences, sources
-from .source_records import (
+from media_usage_orchestration.store.core.clock import lease_live_at_clock, timestamp_offset
+from media_usage_orchestration.store.core.json_rows import JsonRows
+from media_usage_orchestration.store.core.predicates import registry_identity_is_current
+from media_usage_orchestration.store.core.schema import (
+    collections,
+    dialect_insert,
+    generation_writes,
+    occurrences,
+    sources,
+)
+from media_usage_orchestration.store.sources.rows import (
+    content_table,
+    execute_many,
+    lock_cleanup,
+    occurrence_bytes,
+)
+from media_usage_orchestration.values.identifiers import require_text
+from media_usage_orchestration.values.source_records import (
     CANONICAL_IDENTITY_VERSION,
     GENERATION_WRITE_LEASE_SECONDS,
     NEVER_NULL_MATCH_COLUMNS,
@@ -50,7 +62,6 @@ from .source_records import (
     occurrence_rows,
     published_values,
 )
-from .source_rows import content_table, execute_many, lock_cleanup, occurrence_bytes
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,17 @@ from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.selectable import TableClause
 
-from .cleanup_fence import install_cleanup_fence
-from .clock import POSTGRES_CLOCK_UTC, postgres_time_text, sqlite_time_text
-from .identifiers import content_table_name, quote_identifier, validate_identifier
+from media_usage_orchestration.store.core.cleanup_fence import install_cleanup_fence
+from media_usage_orchestration.store.core.clock import (
+    POSTGRES_CLOCK_UTC,
+    postgres_time_text,
+    sqlite_time_text,
+)
+from media_usage_orchestration.values.identifiers import (
+    content_table_name,
+    quote_identifier,
+    validate_identifier,
+)
 
 ACTIVATION_KEY = "incremental_capture"
 CLEANUP_TASK_KEY = "projection_gc"

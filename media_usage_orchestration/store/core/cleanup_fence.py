@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
 
-from .clock import sqlite_time_text
-from .engine import is_postgres
+from media_usage_orchestration.store.core.clock import sqlite_time_text
+from media_usage_orchestration.store.core.engine import is_postgres
 
 # Table names, not `schema` objects: the installer in `schema` calls into this module.
 CLEANUP_TASK_KEY = "projection_gc"

@@ -16,10 +16,19 @@ from enum import StrEnum
 
 from sqlalchemy import Connection, select, text
 
-from .clock import POSTGRES_CLOCK_UTC, postgres_time_text, sqlite_time_text
-from .identifiers import content_table_name, quote_identifier, require_text, validate_identifier
-from .predicates import is_content_collection_status
-from .schema import index_status
+from media_usage_orchestration.store.core.clock import (
+    POSTGRES_CLOCK_UTC,
+    postgres_time_text,
+    sqlite_time_text,
+)
+from media_usage_orchestration.store.core.predicates import is_content_collection_status
+from media_usage_orchestration.store.core.schema import index_status
+from media_usage_orchestration.values.identifiers import (
+    content_table_name,
+    quote_identifier,
+    require_text,
+    validate_identifier,
+)
 
 POSTGRES_TRIGGER_FUNCTION = "emdash_media_usage_capture_work"
 POSTGRES_IDENTIFIER_LIMIT = 63

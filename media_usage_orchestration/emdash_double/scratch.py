@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from sqlalchemy import create_engine
 from sqlalchemy.engine import URL
 
-from .engine import normalize_url
+from media_usage_orchestration.store.core.engine import normalize_url
 
 
 def with_search_path(server: str | URL, schema: str) -> URL:

@@ -23,13 +23,13 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 from dagster._core.execution.context.invocation import BaseDirectExecutionContext
 
-from ..partitions import media_usage_collections
-from ..processing.run_loop import WorkDrain
-from ..resources.database import MediaUsageDatabase
-from ..store.coverage import CollectionCoverage, read_collection_coverage
-from ..store.engine import Engine
-from ..store.registry import read_collection_id
-from .coverage_history import coverage_history_key
+from media_usage_orchestration.assets.coverage_history import coverage_history_key
+from media_usage_orchestration.partitions import media_usage_collections
+from media_usage_orchestration.processing.run_loop import WorkDrain
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.coverage import CollectionCoverage, read_collection_coverage
+from media_usage_orchestration.store.registry import read_collection_id
 
 MEDIA_USAGE_INDEX = dg.AssetKey("media_usage_index")
 COVERAGE_CHECK = "coverage_complete"

@@ -15,24 +15,24 @@ from typing import Any
 from sqlalchemy import JSON, Connection, Engine, delete, func, insert, select, update
 from ulid import ULID
 
-from ..errors import CmsError
-from . import schema
-from . import status as status_store
-from .activation import writable_activation_state
-from .capture_triggers import (
+from media_usage_orchestration.store import status as status_store
+from media_usage_orchestration.store.activation import writable_activation_state
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     install_capture_triggers,
     verify_capture_triggers,
 )
-from .clock import now
-from .identifiers import content_table_name, validate_identifier
-from .registry import collection_id_for_slug
-from .schema import (
+from media_usage_orchestration.store.core.clock import now
+from media_usage_orchestration.store.core.schema import (
     COLLECTION_SCOPE,
     CONTENT_ADAPTER_ID,
     ContentField,
     field_column_type,
 )
+from media_usage_orchestration.store.registry import collection_id_for_slug
+from media_usage_orchestration.values.errors import CmsError
+from media_usage_orchestration.values.identifiers import content_table_name, validate_identifier
 
 FIELD_TYPES = frozenset(
     {

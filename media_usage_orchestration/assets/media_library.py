@@ -5,9 +5,8 @@ every collection's coverage proves them (otherwise an observation says why they 
 
 import dagster as dg
 
-from ..processing.usage import NOT_INDEXED, media_library_summary
-from ..resources.database import MediaUsageDatabase
-from .common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.processing.usage import NOT_INDEXED, media_library_summary
+from media_usage_orchestration.store.core.engine import Engine
 
 MEDIA_USAGE_MEDIA_LIBRARY = dg.AssetKey("media_usage_media_library")
 
@@ -20,20 +19,14 @@ media_usage_media_library = dg.AssetSpec(
 )
 
 
-@dg.op(
-    ins={"after": dg.In(dg.Nothing)},
-    out=dg.Out(dg.Nothing),
-    retry_policy=TRANSIENT_RETRY_POLICY,
-    description="Count EmDash's media rows that content fields use and do not use, and the "
-    "bytes of the unused ones; deletes nothing.",
-)
-def summarize_media_library(context: dg.OpExecutionContext, database: MediaUsageDatabase):
-    with retry_transient_errors_only():
-        found = media_library_summary(database.engine)
+def record_media_library(
+    context: dg.OpExecutionContext, engine: Engine
+) -> dict[str, dg.MetadataValue] | None:
+    """Materialize the media library when coverage proves its counts, observe it with the
+    incomplete collections otherwise; None when the database has no EmDash media table."""
+    found = media_library_summary(engine)
     if found is None:
-        context.log.info("this database has no EmDash media table: nothing to summarize")
-        yield dg.Output(None, metadata={"media_table": False})
-        return
+        return None
     summary, coverage = found
     metadata = {
         "media": dg.MetadataValue.int(summary.media),
@@ -54,4 +47,4 @@ def summarize_media_library(context: dg.OpExecutionContext, database: MediaUsage
         context.log_event(
             dg.AssetObservation(asset_key=MEDIA_USAGE_MEDIA_LIBRARY, metadata=metadata)
         )
-    yield dg.Output(None, metadata=metadata)
+    return metadata

@@ -10,7 +10,7 @@ from sqlalchemy import Text, and_, column, exists, literal, select, table
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import FromClause
 
-from .schema import (
+from media_usage_orchestration.store.core.schema import (
     ACTIVATION_KEY,
     COLLECTION_SCOPE,
     CONTENT_ADAPTER_ID,

@@ -32,9 +32,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from .engine import read_transaction
-from .predicates import activation_is_active
-from .schema import (
+from media_usage_orchestration.store.core.engine import read_transaction
+from media_usage_orchestration.store.core.predicates import activation_is_active
+from media_usage_orchestration.store.core.schema import (
     COLLECTION_SCOPE,
     CONTENT_ADAPTER_ID,
     collections,

@@ -11,8 +11,8 @@ from typing import Any
 
 import dagster as dg
 
-from .definitions import defs
-from .sensors import (
+from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.sensors import (
     media_usage_collection_deletion_sensor,
     media_usage_reconciliation_sensor,
     media_usage_work_sensor,

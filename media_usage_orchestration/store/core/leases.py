@@ -10,7 +10,7 @@ from typing import TypeVar
 from sqlalchemy import Select, and_, case, or_, select, union_all
 from sqlalchemy.sql.elements import ColumnElement
 
-from .clock import is_due
+from media_usage_orchestration.store.core.clock import is_due
 
 
 class LeaseState(StrEnum):

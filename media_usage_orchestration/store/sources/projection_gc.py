@@ -37,9 +37,20 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from .clock import is_due_at_clock, lease_live_at_clock, timestamp_offset, validate_duration
-from .engine import is_postgres, read_transaction
-from .schema import CLEANUP_TASK_KEY, cleanup, generation_writes, occurrences, sources
+from media_usage_orchestration.store.core.clock import (
+    is_due_at_clock,
+    lease_live_at_clock,
+    timestamp_offset,
+    validate_duration,
+)
+from media_usage_orchestration.store.core.engine import is_postgres, read_transaction
+from media_usage_orchestration.store.core.schema import (
+    CLEANUP_TASK_KEY,
+    cleanup,
+    generation_writes,
+    occurrences,
+    sources,
+)
 
 # EmDash binds at most 50 values a statement; the lease guard takes three of them.
 DELETE_BATCH_SIZE = 47

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .store.cms import FieldSpec, SubField
+from media_usage_orchestration.emdash_double.cms_writer import FieldSpec, SubField
 
 MEDIA_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("title", "string"),

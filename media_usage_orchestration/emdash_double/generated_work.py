@@ -23,11 +23,11 @@ from sqlalchemy import (
     select,
 )
 
-from .clock import now, timestamp_offset
-from .engine import is_postgres
-from .identifiers import require_text
-from .leases import positive_whole
-from .schema import work
+from media_usage_orchestration.store.core.clock import now, timestamp_offset
+from media_usage_orchestration.store.core.engine import is_postgres
+from media_usage_orchestration.store.core.leases import positive_whole
+from media_usage_orchestration.store.core.schema import work
+from media_usage_orchestration.values.identifiers import require_text
 
 ROWS_PER_CYCLE = 40
 FUTURE_SECONDS = 3600

@@ -35,7 +35,7 @@ from sqlalchemy.exc import (
     TimeoutError,
 )
 
-from .json_text import parse_json
+from media_usage_orchestration.values.json_text import parse_json
 
 DEFAULT_SQLITE_PATH = Path(".media_usage") / "media_usage.db"
 DATABASE_URL_ENV = "MEDIA_USAGE_DATABASE_URL"

@@ -34,9 +34,9 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import WorkspaceFileTarget
 from dagster._daemon.sensor import execute_sensor_iteration
 
-from .ops.leased import OUTCOME_TAG
-from .partitions import media_usage_collections
-from .store.engine import DATABASE_URL_ENV
+from media_usage_orchestration.ops.leased import OUTCOME_TAG
+from media_usage_orchestration.partitions import media_usage_collections
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 
 PROJECT_WORKSPACE = Path(__file__).resolve().parents[1] / "workspace.yaml"
 LOCATION_NAME = "media_usage_orchestration"
@@ -96,7 +96,7 @@ class DagsterClock:
             yield
 
 
-class InstanceRunner:
+class DaemonLane:
     """Runs of the workspace's code location, launched through `instance`."""
 
     def __init__(self, instance: dg.DagsterInstance, workspace: WorkspaceProcessContext) -> None:
@@ -237,9 +237,9 @@ def database_environment(url: str) -> Iterator[None]:
 
 
 @contextmanager
-def instance_runner(
+def open_daemon_lane(
     instance: dg.DagsterInstance, database_url: str, workspace_file: Path = PROJECT_WORKSPACE
-) -> Iterator[InstanceRunner]:
+) -> Iterator[DaemonLane]:
     """A runner over the workspace file's code location, its code server started with
     `database_url` as the database."""
     if not workspace_file.is_file():
@@ -256,19 +256,19 @@ def instance_runner(
         if entry is None or entry.code_location is None:
             error = entry.load_error if entry is not None else None
             raise RuntimeError(f"The code location {LOCATION_NAME} did not load: {error}")
-        yield InstanceRunner(instance, ws)
+        yield DaemonLane(instance, ws)
 
 
 @contextmanager
-def instance_runner_in_background(
+def open_daemon_lane_in_background(
     instance: dg.DagsterInstance, database_url: str, workspace_file: Path = PROJECT_WORKSPACE
-) -> Iterator[Callable[[], InstanceRunner]]:
-    """`instance_runner`, its code server started in a thread while the caller goes on (the
+) -> Iterator[Callable[[], DaemonLane]]:
+    """`open_daemon_lane`, its code server started in a thread while the caller goes on (the
     server takes seconds to import the definitions); the yielded function waits for it. The
     database must exist before the first sensor tick, not before the server starts."""
     with ExitStack() as stack, ThreadPoolExecutor(max_workers=1) as pool:
         started = pool.submit(
-            stack.enter_context, instance_runner(instance, database_url, workspace_file)
+            stack.enter_context, open_daemon_lane(instance, database_url, workspace_file)
         )
         try:
             yield started.result

@@ -38,12 +38,24 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 from ulid import ULID
 
-from .clock import lease_live_at_clock, timestamp_offset
-from .engine import is_postgres, read_transaction
-from .identifiers import require_text
-from .predicates import registry_identity_is_current
-from .schema import collections, dialect_insert, generation_writes, occurrences, sources
-from .source_records import (
+from media_usage_orchestration.store.core.clock import lease_live_at_clock, timestamp_offset
+from media_usage_orchestration.store.core.engine import is_postgres, read_transaction
+from media_usage_orchestration.store.core.predicates import registry_identity_is_current
+from media_usage_orchestration.store.core.schema import (
+    collections,
+    dialect_insert,
+    generation_writes,
+    occurrences,
+    sources,
+)
+from media_usage_orchestration.store.sources.rows import (
+    content_table,
+    lock_cleanup,
+    occurrence_bytes,
+    sources_by_key,
+)
+from media_usage_orchestration.values.identifiers import require_text
+from media_usage_orchestration.values.source_records import (
     CANONICAL_IDENTITY_VERSION,
     GENERATION_WRITE_LEASE_SECONDS,
     NEVER_NULL_MATCH_COLUMNS,
@@ -58,7 +70,6 @@ from .source_records import (
     projection_is_unchanged,
     published_values,
 )
-from .source_rows import content_table, lock_cleanup, occurrence_bytes, sources_by_key
 
 logger = logging.getLogger(__name__)
 

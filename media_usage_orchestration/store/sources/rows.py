@@ -13,10 +13,15 @@ from typing import Any
 from sqlalchemy import Connection, Dialect, LargeBinary, cast, column, func, select, table
 from sqlalchemy.sql import ClauseElement
 
-from .engine import is_postgres
-from .identifiers import content_table_name
-from .schema import CLEANUP_TASK_KEY, cleanup, occurrences, sources
-from .source_records import SourceRow
+from media_usage_orchestration.store.core.engine import is_postgres
+from media_usage_orchestration.store.core.schema import (
+    CLEANUP_TASK_KEY,
+    cleanup,
+    occurrences,
+    sources,
+)
+from media_usage_orchestration.values.identifiers import content_table_name
+from media_usage_orchestration.values.source_records import SourceRow
 
 _MEASURED_OCCURRENCE_COLUMNS = (
     "field_slug",
