@@ -38,7 +38,7 @@ from media_usage_orchestration.ops.leased import OUTCOME_TAG
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 
-PROJECT_WORKSPACE = Path(__file__).resolve().parents[1] / "workspace.yaml"
+PROJECT_WORKSPACE = Path(__file__).resolve().parents[2] / "workspace.yaml"
 LOCATION_NAME = "media_usage_orchestration"
 SYNCHRONOUS_EXECUTION: Mapping[str, Any] = {
     "run_coordinator": {
