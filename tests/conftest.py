@@ -9,17 +9,41 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import dagster as dg
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, text
 
 from media_usage_orchestration.emdash_double.scratch import scratch_schema
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core.engine import create_database_engine
 from media_usage_orchestration.store.core.schema import install_schema
+from tests.fast_databases import PostgresSchemaPool, SqliteTemplate
+
+
+def _share_alembic_script_directories() -> None:
+    """Dagster stamps every new storage (each test instance's run, event and schedule storage,
+    and each run's event-log shard) with alembic, which re-reads every revision file of the
+    storage each time: most of an instance's creation. The revisions do not change during a
+    test session, so each script directory is read once per process."""
+    read = ScriptDirectory.from_config.__func__
+    directories: dict[str, ScriptDirectory] = {}
+
+    def from_config(cls, config, *args, **kwargs):
+        location = config.get_main_option("script_location")
+        if location not in directories:
+            directories[location] = read(cls, config, *args, **kwargs)
+        return directories[location]
+
+    ScriptDirectory.from_config = classmethod(from_config)
+
+
+_share_alembic_script_directories()
 
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DIALECTS = ("sqlite", "postgres")
@@ -92,9 +116,49 @@ def installed_database(dialect: str, url: str) -> Iterator[TestDatabase]:
         engine.dispose()
 
 
+@pytest.fixture(scope="session")
+def sqlite_template() -> Iterator[SqliteTemplate]:
+    template = SqliteTemplate()
+    yield template
+    template.remove()
+
+
+@pytest.fixture(scope="session")
+def postgres_pool() -> Iterator[PostgresSchemaPool]:
+    pool = PostgresSchemaPool(postgres_admin_url())
+    yield pool
+    pool.close()
+
+
+@contextlib.contextmanager
+def clean_database(
+    dialect: str, path: Path, sqlite_template: SqliteTemplate, postgres_pool: PostgresSchemaPool
+) -> Iterator[TestDatabase]:
+    """A database with EmDash's schema freshly installed (as far as any test can tell): a copy
+    of the installed SQLite template at `path`, or a clean schema from the PostgreSQL pool."""
+    if dialect == "sqlite":
+        sqlite_template.copy_to(path)
+        url = f"sqlite:///{path}"
+        schema = contextlib.nullcontext(url)
+    else:
+        require_postgres()
+        schema = postgres_pool.installed_schema()
+    with schema as url:
+        engine = create_database_engine(url)
+        try:
+            yield TestDatabase(dialect, url, engine)
+        finally:
+            engine.dispose()
+
+
 @pytest.fixture
-def database_url(request, tmp_path) -> Iterator[tuple[str, str]]:
-    dialect = request.param
+def dialect(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def database_url(dialect, tmp_path) -> Iterator[tuple[str, str]]:
+    """An empty database of the test's dialect: (dialect, URL)."""
     if dialect == "sqlite":
         yield dialect, f"sqlite:///{tmp_path / 'media_usage.db'}"
         return
@@ -115,11 +179,12 @@ def empty_db(database_url) -> Iterator[TestDatabase]:
 
 
 @pytest.fixture
-def db(empty_db) -> TestDatabase:
+def db(dialect, tmp_path, sqlite_template, postgres_pool) -> Iterator[TestDatabase]:
     """A database with EmDash's schema installed (activation still `expanded`)."""
-    with empty_db.engine.begin() as connection:
-        install_schema(connection)
-    return empty_db
+    with clean_database(
+        dialect, tmp_path / "media_usage.db", sqlite_template, postgres_pool
+    ) as database:
+        yield database
 
 
 @pytest.fixture
@@ -130,26 +195,69 @@ def activated(db) -> TestDatabase:
 
 
 @pytest.fixture
-def twin(db) -> Iterator[TestDatabase]:
-    """A second, empty database of the same dialect, for running the same scenario twice."""
-    if not db.is_postgres:
-        with installed_database(db.dialect, db.url.replace("media_usage.db", "twin.db")) as twin:
-            yield twin
-        return
-    with postgres_schema() as url, installed_database(db.dialect, url) as twin:
-        yield twin
+def twin(db, tmp_path, sqlite_template, postgres_pool) -> Iterator[TestDatabase]:
+    """A second database of the same dialect, for running the same scenario twice."""
+    with clean_database(
+        db.dialect, tmp_path / "twin.db", sqlite_template, postgres_pool
+    ) as database:
+        yield database
 
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
-    """A throwaway Dagster instance for the test."""
-    with dg.instance_for_test() as instance:
+    """A throwaway Dagster instance for the test: Dagster's ephemeral one, whose run and event
+    storages are its SQL storages on an in-memory SQLite database. A run costs a tenth of a run
+    on a persistent SQLite instance, which creates and stamps an event-log file per run; the
+    tests of what persists (the deployed instance, the daemon, the webserver, the demo) open
+    their own persistent instances."""
+    with dg.DagsterInstance.ephemeral() as instance:
         yield instance
 
 
+# Above this size (a fresh server's is under 2 MB) the catalogs are bloated by earlier runs.
+_BLOATED_CATALOG_BYTES = 64 * 1024 * 1024
+
+
+def pytest_sessionstart(session):
+    """Compact the test server's catalogs if earlier runs bloated them. Every schema created and
+    dropped leaves dead catalog rows behind faster than autovacuum reclaims them, and every DDL
+    statement and catalog lookup then scans the bloat (pg_attribute reached 400 MB, making each
+    schema install several times slower). Once, in the controlling process, before any test."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or _check_postgres():
+        return
+    engine = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            size = connection.exec_driver_sql(
+                "SELECT pg_total_relation_size('pg_catalog.pg_attribute')"
+            ).scalar_one()
+            if size > _BLOATED_CATALOG_BYTES:
+                connection.exec_driver_sql(f"VACUUM FULL {', '.join(_CHURNED_CATALOGS)}")
+    except Exception as error:  # a server that refuses (not the owner) runs the suite slower
+        warnings.warn(f"catalogs not compacted: {type(error).__name__}", stacklevel=1)
+    finally:
+        engine.dispose()
+
+
+_CHURNED_CATALOGS = tuple(
+    f"pg_catalog.{name}"
+    for name in (
+        "pg_attribute",
+        "pg_attrdef",
+        "pg_class",
+        "pg_constraint",
+        "pg_depend",
+        "pg_index",
+        "pg_proc",
+        "pg_trigger",
+        "pg_type",
+    )
+)
+
+
 def pytest_generate_tests(metafunc):
-    if "database_url" in metafunc.fixturenames:
-        metafunc.parametrize("database_url", DIALECTS, indirect=True)
+    if "dialect" in metafunc.fixturenames:
+        metafunc.parametrize("dialect", DIALECTS, indirect=True)
 
 
 def pytest_terminal_summary(terminalreporter):

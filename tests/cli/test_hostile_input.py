@@ -127,7 +127,7 @@ def test_the_demo_refuses_a_database_with_collections_without_its_query_password
 @pytest.mark.parametrize("sensor", LANE_SENSORS, ids=lambda sensor: sensor.name)
 def test_a_sensor_skip_message_hides_the_query_password(empty_db, sensor):
     url = _with_secret_query(empty_db.url) if empty_db.is_postgres else empty_db.url
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         data = evaluate(sensor, instance, resources_for(url))
     assert "lacks the media usage schema" in data.skip_message
     assert PASSWORD not in data.skip_message

@@ -50,7 +50,7 @@ def collection(db):
 
 
 def test_a_partitioned_reconciliation_run_is_tagged_with_its_partition(db, collection):
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions(PARTITIONS, [SLUG])
         # A backfill launches exactly this: the job with a partition key and no collection tag.
         run_id = launch(db, instance, jobs.media_usage_reconciliation, partition_key=SLUG)
@@ -75,14 +75,14 @@ def test_a_partitioned_reconciliation_run_is_tagged_with_its_partition(db, colle
     ids=["retry_work", "retry_work_item", "retry_reconciliation", "retry_deletion_by_slug"],
 )
 def test_an_operator_retry_run_is_tagged_with_its_collection(db, collection, job, ops):
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         run_id = launch(db, instance, job, ops)
         assert runs_tagged(instance, SLUG) == {run_id}
 
 
 def test_every_deletion_run_is_tagged_with_the_slug_the_tombstone_keeps(db):
     collection = captured_collection(db.engine, SLUG, [image_entry("entry-1")])
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         request = launch(
             db,
             instance,
@@ -102,7 +102,7 @@ def test_every_deletion_run_is_tagged_with_the_slug_the_tombstone_keeps(db):
 
 def test_a_run_of_another_collection_is_not_found_under_this_slug(db, collection):
     untrusted_collection(db.engine, "pages", ["entry-1"])
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         launch(
             db,
             instance,
@@ -114,7 +114,7 @@ def test_a_run_of_another_collection_is_not_found_under_this_slug(db, collection
 
 
 def test_a_bad_slug_is_refused_and_never_tagged(db, collection):
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         job = defs.resolve_job_def(jobs.retry_media_usage_reconciliation_job.name)
         result = job.execute_in_process(
             run_config={"ops": {"reopen_reconciliation": {"config": {"collection": "Bad Slug"}}}},

@@ -44,7 +44,7 @@ def test_the_asset_is_declared_with_the_collection_partitions():
 def test_a_completed_reconciliation_materializes_its_collection_partition(db):
     collections = write_collections(db.engine, {"articles": 60, "pages": 30})
     articles = collections["articles"]
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles", "pages"])
         before = {slug: len(_materializations(instance, slug)) for slug in ("articles", "pages")}
@@ -71,7 +71,7 @@ def test_a_completed_reconciliation_materializes_its_collection_partition(db):
 def test_a_work_run_materializes_each_collection_it_projected(db):
     write_collections(db.engine, {"articles": 20, "pages": 20, "posts": 20})
     writer = CmsWriter(db.engine)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles"])
         assert run_partition(db, instance, "articles").success
@@ -112,7 +112,7 @@ def test_failed_coverage_is_recorded_with_its_error_code(db, monkeypatch):
     monkeypatch.setattr(
         steps, "RECONCILIATION_RETRY", replace(RECONCILIATION_RETRY, max_attempts=1)
     )
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles"])
 
@@ -137,7 +137,7 @@ def test_a_failure_that_will_be_retried_records_no_coverage_event(db, monkeypatc
         raise RuntimeError("injected")
 
     monkeypatch.setattr(steps, "source_page", failing_source_page)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles"])
 

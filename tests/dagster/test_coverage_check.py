@@ -89,7 +89,7 @@ def assert_page_equals_status(db, instance: dg.DagsterInstance, slug: str) -> bo
 def test_the_asset_page_equals_status_after_every_kind_of_run(db):
     write_collections(db.engine, {"articles": 12, "pages": 8})
     writer = CmsWriter(db.engine)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         # Activation: capture installed, coverage not trusted yet.
         activate_with_job(db, instance)
         for slug in ("articles", "pages"):

@@ -139,7 +139,7 @@ def test_a_reload_drops_a_deleted_collection(db, monkeypatch):
 
 def test_a_reconciliation_materializes_the_collection_history_like_its_partition(db):
     write_collections(db.engine, {"articles": 12, "pages": 5})
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles", "pages"])
         assert run_partition(db, instance, "articles").success
@@ -171,7 +171,7 @@ def _metadata(instance, key: dg.AssetKey, partition: str | None = None) -> list[
 def test_a_deletion_request_wipes_the_collection_history_only(db):
     write_collections(db.engine, {"articles": 3, "pages": 3})
     request = defs.resolve_job_def("request_collection_deletion")
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         assert _metadata(instance, coverage_history_key("pages"))
 

@@ -130,7 +130,7 @@ def reexecution(tags=None) -> Iterator[dg.DagsterInstance]:
     """An instance in which the directly invoked op's run is a re-execution of another run
     (what an operator's "re-execute" creates; with `dagster/retry_number`, what the run-retry
     daemon creates)."""
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         with dg.build_op_context(instance=instance) as context:
             run_id = context.run_id
         parent = instance.add_run(dg.DagsterRun(job_name="media_usage_collection_deletion"))

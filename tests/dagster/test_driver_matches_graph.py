@@ -175,7 +175,7 @@ def test_the_driver_and_the_job_take_the_same_steps(db, twin, monkeypatch, scena
     with monkeypatch.context() as patch:
         by_driver = _record_steps(patch, scenario)
         driver_outcome = run_to_completion(db.engine, driven.id)
-    with monkeypatch.context() as patch, dg.instance_for_test() as instance:
+    with monkeypatch.context() as patch, dg.DagsterInstance.ephemeral() as instance:
         by_job = _record_steps(patch, scenario)
         instance.add_dynamic_partitions(PARTITIONS, [run.slug])
         result = run_partition(twin, instance, run.slug)

@@ -260,7 +260,7 @@ def test_emdash_database_reaches_emdash_end_state_through_the_jobs(emdash_databa
     _log_field_fingerprints(engine)
     resources = resources_for(url)
 
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activation = media_usage_activation.execute_in_process(
             instance=instance, resources={"database": resources["database"]}
         )

@@ -157,7 +157,7 @@ UNREACHABLE = f"postgresql+psycopg://media:{PASSWORD}@127.0.0.1:1/cms?sslpasswor
 
 @pytest.mark.parametrize("sensor", LANE_SENSORS, ids=lambda sensor: sensor.name)
 def test_a_sensor_skips_with_one_password_free_line_when_the_database_is_unreachable(sensor):
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         data = evaluate(sensor, instance, resources_for(UNREACHABLE))
 
     assert not data.run_requests

@@ -41,7 +41,7 @@ RECONCILIATION = jobs.retry_media_usage_reconciliation_job
 def instance():
     """One instance for the module: each run is found by its own id, and a new instance
     costs about a second."""
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         yield instance
 
 

@@ -72,7 +72,7 @@ def _work_log_lines(db, instance, *, entries: int, batch_size: int) -> list[str]
 @pytest.mark.parametrize(("interval", "expected_lines"), [(0, 4 + 1), (3600, 1)])
 def test_the_work_op_logs_bounded_progress_and_the_total(db, monkeypatch, interval, expected_lines):
     monkeypatch.setattr(progress_module, "PROGRESS_INTERVAL_SECONDS", interval)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         lines = _work_log_lines(db, instance, entries=6, batch_size=2)
 
     # interval 0: one line per batch (three of two items, then the empty one) and the final

@@ -51,7 +51,7 @@ def _materializations(instance, key) -> list[dict]:
 
 
 def test_the_sensor_skips_without_candidates_and_while_not_due(activated):
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
         assert data.skip_message == "no projection GC candidates"
         assert not data.run_requests
@@ -66,7 +66,7 @@ def test_runs_reap_the_backlog_and_record_it_shrinking(activated):
     edit_storm(engine, "posts", entries=2, rounds=1)
     backdate(engine, schema.occurrences, "created_at", 2 * HOUR)
     _orphans(engine, 110)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         deleted = []
         for _ in range(6):
             make_gc_due(engine)
@@ -105,7 +105,7 @@ def test_a_failed_pass_fails_the_run_with_the_error_code(activated, monkeypatch)
 
     monkeypatch.setattr(ProjectionGcRepository, "find_candidates", broken)
     make_gc_due(activated.engine)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         result = media_usage_projection_gc.execute_in_process(
             instance=instance,
             resources={"database": resources(activated)["database"]},
@@ -122,7 +122,7 @@ def test_the_media_library_summary_is_recorded_only_under_complete_coverage(acti
     edit_storm(engine, "posts", entries=2, rounds=0)  # heroes posts-000-0, posts-001-0
     create_media_table(engine)
     add_media(engine, ("posts-000-0", 100), ("posts-001-0", 200), ("spare", 300), ("nosize", None))
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         run = lambda: media_usage_projection_gc.execute_in_process(  # noqa: E731
             instance=instance, resources={"database": resources(activated)["database"]}
         )

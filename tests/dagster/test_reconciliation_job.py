@@ -69,7 +69,7 @@ def _untrusted(db, slug: str) -> bool:
 @pytest.mark.slow
 def test_the_job_reconciles_three_collections_of_500_entries(db):
     collections = write_collections(db.engine, SIZES)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         assert all(_untrusted(db, slug) for slug in SLUGS)
         instance.add_dynamic_partitions(PARTITIONS, SLUGS)
@@ -121,7 +121,7 @@ def _messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
 
 def test_each_op_reports_on_the_one_output_it_yields_and_the_last_tags_the_run(db, monkeypatch):
     write_collections(db.engine, {"articles": 3})
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         written = _outcome_tag_writes(instance, monkeypatch)
         result = run_partition(db, instance, "articles")
@@ -142,7 +142,7 @@ def test_each_op_reports_on_the_one_output_it_yields_and_the_last_tags_the_run(d
 
 def test_an_op_that_stops_the_run_early_tags_it_and_says_why(db, monkeypatch):
     write_collections(db.engine, {"articles": 60})  # two scan pages
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         written = _outcome_tag_writes(instance, monkeypatch)
         budget = {"ops": {"scan_pages": {"config": {"max_pages": 1}}}}
@@ -167,7 +167,7 @@ def test_an_op_that_stops_the_run_early_tags_it_and_says_why(db, monkeypatch):
 
 def test_the_last_op_a_run_executes_tags_it_though_it_hands_the_claim_on(db, monkeypatch):
     write_collections(db.engine, {"articles": 3})
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         written = _outcome_tag_writes(instance, monkeypatch)
         result = run_partition(db, instance, "articles", op_selection=["claim_reconciliation"])
@@ -184,7 +184,7 @@ def test_the_last_op_a_run_executes_tags_it_though_it_hands_the_claim_on(db, mon
 @pytest.mark.slow
 def test_the_sensor_path_reaches_complete_coverage(db):
     collections = write_collections(db.engine, SIZES)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         sensor = media_usage_reconciliation_sensor
         drained = drain(instance, resources(db), [sensor], max_rounds=6)
@@ -220,7 +220,7 @@ def test_the_sensor_path_reaches_complete_coverage(db):
 
 def test_the_sensor_asks_for_no_run_while_that_collection_has_one_in_flight(db):
     collections = write_collections(db.engine, {"articles": 2, "pages": 2})
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles", "pages"])
         create_run_for_test(
@@ -257,7 +257,7 @@ def test_re_execution_from_failure_resumes_the_run_at_its_checkpoint(db, monkeyp
     source_page = steps.source_page
     monkeypatch.setattr(steps, "source_page", source_page_failing_once)
     job = dg.reconstructable(reconstructable_jobs.media_usage_reconciliation)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles"])
 

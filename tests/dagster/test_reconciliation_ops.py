@@ -84,7 +84,7 @@ CHECKPOINT_COLUMNS = (
 
 @pytest.fixture(scope="module")
 def instance():
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         yield instance
 
 
@@ -703,7 +703,7 @@ def test_settle_and_seed_fails_fast_on_a_bug(db, instance, monkeypatch):
 def test_sync_partitions_makes_the_partitions_equal_the_registry(db):
     untrusted_collection(db.engine, "articles", ["entry-1"])
     untrusted_collection(db.engine, "pages", ["entry-1"])
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions(PARTITIONS, ["pages", "deleted_one"])
 
         result = invoke(sync_collection_partitions, db, instance=instance)

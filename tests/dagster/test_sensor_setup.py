@@ -13,7 +13,7 @@ from tests.dagster.sensor_loop import evaluate, resources_for
 
 @pytest.mark.parametrize("sensor", LANE_SENSORS, ids=lambda sensor: sensor.name)
 def test_a_sensor_skips_with_the_setup_step_on_a_database_without_the_schema(empty_db, sensor):
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         data = evaluate(sensor, instance, resources_for(empty_db.url))
 
     assert not data.run_requests
@@ -35,7 +35,7 @@ def test_the_schema_is_looked_at_again_only_when_the_probe_fails(db, sensor, mon
         return missing_tables(engine)
 
     monkeypatch.setattr(sensors, "missing_tables", looking)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         evaluate(sensor, instance, resources_for(db.url))
         evaluate(sensor, instance, resources_for(db.url))
         assert len(looked) == 1  # found on the first tick; the second sent only its probe

@@ -87,7 +87,7 @@ def test_activation_then_sensor_driven_work_runs_project_every_write(db):
     resources = resources_for(
         db.url, max_work_runs=2, work_items_per_run=ITEMS_PER_RUN, work_batch_size=20
     )
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activation = media_usage_activation.execute_in_process(
             instance=instance, resources={"database": resources["database"]}
         )
@@ -217,7 +217,7 @@ def test_activation_then_sensor_driven_work_runs_project_every_write(db):
 def test_the_run_key_follows_the_due_set_and_the_sensor_skips_when_nothing_is_due(db):
     posts = active_collection(db.engine, "posts")
     resources = resources_for(db.url, max_work_runs=1, work_items_per_run=1)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         skipped = evaluate(media_usage_work_sensor, instance, resources)
         assert (skipped.run_requests, skipped.skip_message) == ([], "no due work")
 
@@ -272,7 +272,7 @@ def test_the_sensor_respects_max_work_runs_for_queued_and_running_runs(db):
     insert_entry(db.engine, "posts", "entry-1")
     one_run = resources_for(db.url, max_work_runs=1)
     two_runs = resources_for(db.url, max_work_runs=2)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         idle = evaluate(media_usage_work_sensor, instance, one_run).run_requests[0]
         queued = instance.create_run_for_job(
             job_def=media_usage_work,
@@ -310,7 +310,7 @@ def test_after_a_run_fails_or_is_canceled_without_progress_the_key_changes(db):
     active_collection(db.engine, "posts")
     insert_entry(db.engine, "posts", "entry-1")
     resources = resources_for(db.url)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         request = evaluate(media_usage_work_sensor, instance, resources).run_requests[0]
         with db.engine.begin() as connection:
             connection.execute(text("ALTER TABLE _emdash_media_usage_work RENAME TO moved_work"))

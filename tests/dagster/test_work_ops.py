@@ -275,7 +275,7 @@ def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, mo
     def retried_work():
         drain_due_work.with_retry_policy(dg.RetryPolicy(max_retries=2))()
 
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         result = retried_work.execute_in_process(
             instance=instance, resources=_resources(db.url), raise_on_error=False
         )

@@ -158,7 +158,7 @@ def test_content_written_during_the_run_restarts_it_and_the_index_stays_true(db,
     monkeypatch.setattr(
         steps, "source_page", overlapping(steps.source_page, writers, db.url, 100, 1)
     )
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         first_epoch = status_row(db.engine, "articles")["change_epoch"]
         instance.add_dynamic_partitions(PARTITIONS, ["articles"])
@@ -264,7 +264,7 @@ def test_a_run_killed_mid_scan_is_resumed_from_its_checkpoint_after_its_lease_ex
     _require_postgres(db)
     articles = write_collections(db.engine, {"articles": ENTRIES})["articles"]
     ids = [entry["id"] for entry in sample_entries("art", ENTRIES)]
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles"])
 
