@@ -16,9 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, case, column, func, literal, null, select, table
 
-from media_usage_orchestration.store.core.clock import is_due
 from media_usage_orchestration.store.core.engine import read_transaction
-from media_usage_orchestration.store.core.leases import LeaseState
+from media_usage_orchestration.store.core.leases import LeaseState, lease_has_expired
 from media_usage_orchestration.store.core.predicates import is_content_collection_status
 from media_usage_orchestration.store.core.schema import (
     collections,
@@ -150,11 +149,7 @@ def _work_counts(
     """Work rows per state, the stuck ones among them, and the failed ones per error code, in
     one statement."""
     state = work.c.state
-    stuck = and_(
-        state == LeaseState.LEASED.value,
-        work.c.lease_expires_at.is_not(None),
-        is_due(work.c.lease_expires_at),
-    )
+    stuck = and_(state == LeaseState.LEASED.value, lease_has_expired(work))
     is_stuck = case((stuck, literal(1)), else_=literal(0)).label("stuck")
     failed_code = case(
         (state == LeaseState.FAILED.value, work.c.last_error_code), else_=null()

@@ -61,6 +61,8 @@ from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.leases import (
     LeaseState,
     bounded_limit,
+    is_claimable,
+    lease_has_expired,
     non_negative_whole,
     parse_lease_state,
     positive_whole,
@@ -335,22 +337,9 @@ def _is_identity(collection_id: str, content_id: str, table: FromClause = work):
     return and_(table.c.collection_id == collection_id, table.c.content_id == content_id)
 
 
-def _lease_has_expired(table: FromClause = work) -> ColumnElement[bool]:
-    """An expired lease may be taken over; a NULL expiry is never treated as expired."""
-    return and_(table.c.lease_expires_at.is_not(None), is_due(table.c.lease_expires_at))
-
-
 def _lease_is_live() -> ColumnElement[bool]:
     """The seed's `leaseIsLive()`: work leases are judged against the wall clock."""
     return lease_live_at_clock(work.c.lease_expires_at)
-
-
-def _is_claimable(table: FromClause = work) -> ColumnElement[bool]:
-    """Due pending/retry work, or leased work whose owner let the lease expire."""
-    return or_(
-        and_(table.c.state.in_((_PENDING, _RETRY)), is_due(table.c.next_attempt_at)),
-        and_(table.c.state == _LEASED, _lease_has_expired(table)),
-    )
 
 
 def _holds_lease(lease: WorkLease) -> ColumnElement[bool]:
@@ -422,7 +411,7 @@ def _observed_work_unchanged(observed: WorkRecord) -> ColumnElement[bool]:
         current.c.state == observed.state.value,
     ]
     if observed.state is LeaseState.LEASED:
-        conditions.append(_lease_has_expired(current))
+        conditions.append(lease_has_expired(current))
     return exists(select(literal(1)).select_from(current).where(*conditions))
 
 
@@ -541,7 +530,7 @@ def _claim_batch_statement(dialect_name: str, limit: int, lease_seconds: int, by
             work.c.collection_id == candidate.c.collection_id,
             work.c.content_id == candidate.c.content_id,
             work.c.work_version == candidate.c.work_version,
-            _is_claimable(),
+            is_claimable(work),
         )
         .returning(*work.c)
     )
@@ -579,7 +568,7 @@ def _due_branch(
     due = work.alias(f"{state.value}_work")
     if state is LeaseState.LEASED:
         due_at = due.c.lease_expires_at
-        conditions = [due.c.state == _LEASED, _lease_has_expired(due)]
+        conditions = [due.c.state == _LEASED, lease_has_expired(due)]
         order = (due_at, due.c.collection_id, due.c.content_id)
     else:
         due_at = due.c.next_attempt_at
@@ -925,7 +914,7 @@ class WorkRepository:
             _status_reached_epoch(observed.collection_id, collection_slug, epoch),
         ]
         if observed.state is LeaseState.LEASED:
-            conditions.append(_lease_has_expired())
+            conditions.append(lease_has_expired(work))
         row = connection.execute(
             update(work)
             .values(
@@ -1043,7 +1032,7 @@ class WorkRepository:
         probe, served by the (collection, state) index."""
         require_text(collection_id, "Media usage work-in-hand check requires a collection ID")
         in_hand = or_(
-            and_(work.c.state == _LEASED, work.c.lease_expires_at.is_not(None)), _is_claimable()
+            and_(work.c.state == _LEASED, work.c.lease_expires_at.is_not(None)), is_claimable(work)
         )
         statement = select(exists().where(work.c.collection_id == collection_id, in_hand))
         with read_transaction(self.engine) as connection:
@@ -1068,7 +1057,7 @@ class WorkRepository:
             .where(
                 _is_identity(collection_id, content_id),
                 work.c.work_version == version,
-                _is_claimable(),
+                is_claimable(work),
             )
             .returning(*work.c)
         )
