@@ -13,6 +13,7 @@ from typing import Any
 
 from media_usage_orchestration.media.canonical import js_trim
 from media_usage_orchestration.media.fields import ExtractionField
+from media_usage_orchestration.values.records import record_from_row
 
 IMAGE_FIELD = "image_field"
 FILE_FIELD = "file_field"
@@ -70,8 +71,7 @@ _OCCURRENCE_FIELDS = tuple(MediaOccurrence.__dataclass_fields__)
 
 def occurrences_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[MediaOccurrence]:
     """Occurrences read back from `_emdash_media_usage` rows (extra columns ignored)."""
-    names = MediaOccurrence.__dataclass_fields__
-    return [MediaOccurrence(**{name: row[name] for name in names}) for row in rows]
+    return [record_from_row(MediaOccurrence, row) for row in rows]
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from media_usage_orchestration.store.work import OperatorPage, OperatorWorkItem,
 from media_usage_orchestration.values.cursors import InvalidCursorError, decode_cursor
 from media_usage_orchestration.values.identifiers import validate_identifier
 from media_usage_orchestration.values.outcomes import REPORTED_RETRY_OUTCOMES, OperatorRetryOutcome
+from media_usage_orchestration.values.records import record_from_record
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIMIT = 100
@@ -66,8 +67,6 @@ class ReconciliationItem:
     last_error_code: str | None
     updated_at: str
 
-
-_RECONCILIATION_ITEM_FIELDS = tuple(field.name for field in dataclasses.fields(ReconciliationItem))
 
 OperatorItem = OperatorWorkItem | OperatorDeletionItem | ReconciliationItem
 
@@ -295,13 +294,7 @@ def retry_deletion(
 
 
 def _reconciliation_item(record: ReconciliationRecord) -> ReconciliationItem:
-    values = dataclasses.asdict(record)
-    found = {name: values[name] for name in _RECONCILIATION_ITEM_FIELDS}
-    found["state"] = LeaseState(found["state"])
-    found["phase"] = ReconciliationPhase(found["phase"])
-    if found["target_epoch"] is not None:
-        found["target_epoch"] = int(found["target_epoch"])
-    return ReconciliationItem(**found)
+    return record_from_record(ReconciliationItem, record)
 
 
 def list_reconciliations(engine: Engine) -> tuple[ReconciliationItem, ...]:

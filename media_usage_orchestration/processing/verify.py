@@ -181,7 +181,7 @@ class _CollectionCheck:
 
     def stored_sources(self, content_ids: Sequence[str]) -> dict[str, SourceRow]:
         rows = audit.canonical_source_rows(self.connection, self.collection_id, content_ids)
-        return {row["source_key"]: SourceRow.from_mapping(row) for row in rows}
+        return {row["source_key"]: SourceRow.from_row(row) for row in rows}
 
     def stored_occurrences(self, content_ids: Sequence[str]) -> dict[str, Counter]:
         rows = audit.current_occurrence_rows(

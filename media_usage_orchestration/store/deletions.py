@@ -14,10 +14,11 @@ trusting the caller's snapshot, and an explicit `_emdash_fields` delete in the r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
 from sqlalchemy import (
     Connection,
@@ -85,6 +86,7 @@ from media_usage_orchestration.values.identifiers import (
     validate_identifier,
 )
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.records import record_from_record, record_from_row
 from media_usage_orchestration.values.source_records import SOURCE_TYPE_CONTENT
 
 ROWS_PER_BATCH = 50
@@ -162,6 +164,10 @@ class DeletionRecord:
     created_at: str
     updated_at: str
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        return record_from_row(cls, row, **_ROW_CONVERTERS)
+
 
 @dataclass(frozen=True)
 class DeletionLease:
@@ -193,6 +199,10 @@ class OperatorDeletionItem:
     lease_expires_at: str | None
     last_error_code: str | None
     updated_at: str
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> OperatorDeletionItem:
+        return record_from_record(cls, DeletionRecord.from_row(row))
 
 
 @dataclass(frozen=True)
@@ -245,6 +255,13 @@ def _phase(value: object) -> DeletionPhase:
     return parse_choice(DeletionPhase, value, "collection deletion phase")
 
 
+_ROW_CONVERTERS = {
+    "force_delete": bool,
+    "state": functools.partial(parse_lease_state, label="collection deletion"),
+    "phase": _phase,
+}
+
+
 def _lease_seconds(value: int) -> int:
     return validate_duration(value, "Collection deletion lease duration", allow_zero=False)
 
@@ -252,45 +269,6 @@ def _lease_seconds(value: int) -> int:
 def _batch_size(value: int) -> int:
     return bounded_limit(
         value, 1, ROWS_PER_BATCH, f"Collection deletion batch must be from 1 to {ROWS_PER_BATCH}"
-    )
-
-
-# --- row mapping ------------------------------------------------------------------------------
-
-
-def _to_record(row: Any) -> DeletionRecord:
-    values = dict(row._mapping)
-    return DeletionRecord(
-        collection_id=values["collection_id"],
-        collection_slug=values["collection_slug"],
-        force_delete=bool(values["force_delete"]),
-        state=parse_lease_state(values["state"], "collection deletion"),
-        phase=_phase(values["phase"]),
-        work_cursor=values["work_cursor"],
-        source_key=values["source_key"],
-        occurrence_cursor=values["occurrence_cursor"],
-        attempt_count=values["attempt_count"],
-        next_attempt_at=values["next_attempt_at"],
-        lease_token=values["lease_token"],
-        lease_expires_at=values["lease_expires_at"],
-        last_error_code=values["last_error_code"],
-        created_at=values["created_at"],
-        updated_at=values["updated_at"],
-    )
-
-
-def _to_operator_item(row: Any) -> OperatorDeletionItem:
-    record = _to_record(row)
-    return OperatorDeletionItem(
-        collection_id=record.collection_id,
-        collection_slug=record.collection_slug,
-        state=record.state,
-        phase=record.phase,
-        attempt_count=record.attempt_count,
-        next_attempt_at=record.next_attempt_at,
-        lease_expires_at=record.lease_expires_at,
-        last_error_code=record.last_error_code,
-        updated_at=record.updated_at,
     )
 
 
@@ -369,7 +347,7 @@ def _lock_leased_tombstone(
     ).first()
     if row is None:
         raise DeletionLeaseLost("Collection deletion lease was lost")
-    return _to_record(row)
+    return DeletionRecord.from_row(row._mapping)
 
 
 def _cleanup_rows_remain(
@@ -446,7 +424,7 @@ class DeletionRepository:
             raise DeletionIdentityConflict(
                 "Collection deletion tombstone identity conflicts with existing work"
             ) from error
-        record = _to_record(row)
+        record = DeletionRecord.from_row(row._mapping)
         if record.collection_slug != collection_slug or record.force_delete != force_delete:
             raise DeletionIdentityConflict(
                 "Collection deletion tombstone identity conflicts with existing work"
@@ -475,8 +453,7 @@ class DeletionRepository:
             ).first()
         if row is None:
             return None
-        record = _to_record(row)
-        return DeletionClaim(**{**vars(record), "lease_token": lease_token})
+        return DeletionClaim.from_row(row._mapping)
 
     def renew_lease(self, lease: LeaseHolder, lease_seconds: int) -> str | None:
         """Extend a still-live lease held by this token; None once it expired or moved on."""
@@ -503,13 +480,13 @@ class DeletionRepository:
             if is_missing_table(error):
                 return None
             raise
-        return _to_record(row) if row is not None else None
+        return DeletionRecord.from_row(row._mapping) if row is not None else None
 
     def find(self, collection_id: str) -> DeletionRecord | None:
         require_text(collection_id, "Collection deletion requires a collection ID")
         with read_transaction(self.engine) as connection:
             row = connection.execute(select(_t).where(_t.c.collection_id == collection_id)).first()
-        return _to_record(row) if row is not None else None
+        return DeletionRecord.from_row(row._mapping) if row is not None else None
 
     def is_slug_deleting(self, collection_slug: str) -> bool:
         return is_slug_deleting(self.engine, collection_slug)
@@ -517,7 +494,7 @@ class DeletionRepository:
     def find_due(self, limit: int) -> list[DeletionRecord]:
         statement = find_due_statement(limit)
         with read_transaction(self.engine) as connection:
-            return [_to_record(row) for row in connection.execute(statement)]
+            return [DeletionRecord.from_row(row._mapping) for row in connection.execute(statement)]
 
     def find_operator_page(
         self,
@@ -546,7 +523,7 @@ class DeletionRepository:
         )
         with read_transaction(self.engine) as connection:
             rows = connection.execute(statement).all()
-        items = tuple(_to_operator_item(row) for row in rows[:limit])
+        items = tuple(OperatorDeletionItem.from_row(row._mapping) for row in rows[:limit])
         next_cursor = None
         if len(rows) > limit and items:
             next_cursor = encode_cursor(items[-1].updated_at, items[-1].collection_id)
@@ -584,7 +561,9 @@ class DeletionRepository:
         if reopened is None:
             return DeletionRetryResult(OperatorRetryOutcome.CONFLICT)
         return DeletionRetryResult(
-            OperatorRetryOutcome.PENDING, changed=True, item=_to_operator_item(reopened)
+            OperatorRetryOutcome.PENDING,
+            changed=True,
+            item=OperatorDeletionItem.from_row(reopened._mapping),
         )
 
     @staticmethod

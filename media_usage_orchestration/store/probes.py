@@ -27,6 +27,7 @@ from media_usage_orchestration.store.reconciliations import (
     needs_reconciliation_row,
     oldest_obsolete_statement,
 )
+from media_usage_orchestration.values.records import record_from_row
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,9 @@ def earliest_due_work(engine: Engine) -> DueWork | None:
     first = min(
         rows, key=lambda row: (row.due_at, row.updated_at, row.collection_id, row.content_id)
     )
-    return DueWork(
-        first.collection_id,
-        first.content_id,
-        int(first.work_version),
-        first.due_at,
-        lease_expired=any(row.state == "leased" for row in rows),
+    lease_expired = any(row.state == "leased" for row in rows)
+    return record_from_row(
+        DueWork, {**first._mapping, "lease_expired": lease_expired}, work_version=int
     )
 
 
@@ -120,7 +118,7 @@ def due_reconciliations(engine: Engine, limit: int) -> list[ReconciliationCandid
     )
     with read_transaction(engine) as connection:
         found = connection.execute(_due_reconciliations_statement(limit)).all()
-    return [ReconciliationCandidate(*row) for row in found[:limit]]
+    return [record_from_row(ReconciliationCandidate, row._mapping) for row in found[:limit]]
 
 
 @functools.lru_cache(maxsize=8)

@@ -85,6 +85,7 @@ from media_usage_orchestration.store.registry import RegisteredCollection, colle
 from media_usage_orchestration.values.cursors import PageCursor, decode_cursor, encode_cursor
 from media_usage_orchestration.values.identifiers import require_text, validate_error_code
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.records import record_from_record, record_from_row
 from media_usage_orchestration.values.source_records import new_ulids
 
 MAX_WORK_SELECTION_LIMIT = 100
@@ -131,6 +132,10 @@ class WorkRecord:
     created_at: str
     updated_at: str
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> WorkRecord:
+        return record_from_row(cls, row, **_ROW_CONVERTERS)
+
     @property
     def lease(self) -> WorkLease | None:
         """The lease this record carries, when it is a leased row."""
@@ -146,6 +151,14 @@ class WorkRecord:
         if not self.lease_expires_at:
             raise ValueError("Due leased media usage work must have a lease expiry")
         return self.lease_expires_at
+
+
+_ROW_CONVERTERS = {
+    "change_epoch": int,
+    "work_version": int,
+    "state": functools.partial(parse_lease_state, label="media usage work"),
+    "attempt_count": int,
+}
 
 
 @dataclass(frozen=True)
@@ -165,18 +178,7 @@ class OperatorWorkItem:
 
     @classmethod
     def from_record(cls, record: WorkRecord) -> OperatorWorkItem:
-        return cls(
-            collection_id=record.collection_id,
-            collection_slug=record.collection_slug,
-            content_id=record.content_id,
-            state=record.state,
-            attempt_count=record.attempt_count,
-            next_attempt_at=record.next_attempt_at,
-            lease_expires_at=record.lease_expires_at,
-            last_attempted_at=record.last_attempted_at,
-            last_error_code=record.last_error_code,
-            updated_at=record.updated_at,
-        )
+        return record_from_record(cls, record)
 
 
 @dataclass(frozen=True)
@@ -212,25 +214,6 @@ class OperatorRetryResult:
         return cls(OperatorRetryOutcome.CONFLICT)
 
 
-def _record(row: Mapping[str, Any]) -> WorkRecord:
-    return WorkRecord(
-        collection_id=row["collection_id"],
-        collection_slug=row["collection_slug"],
-        content_id=row["content_id"],
-        change_epoch=int(row["change_epoch"]),
-        work_version=int(row["work_version"]),
-        state=parse_lease_state(row["state"], "media usage work"),
-        attempt_count=int(row["attempt_count"]),
-        next_attempt_at=row["next_attempt_at"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        last_attempted_at=row["last_attempted_at"],
-        last_error_code=row["last_error_code"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
-
-
 def _is_pending_under(record: WorkRecord | None, collection_slug: str) -> bool:
     return (
         record is not None
@@ -240,7 +223,7 @@ def _is_pending_under(record: WorkRecord | None, collection_slug: str) -> bool:
 
 
 def _records(rows: Iterable[Any]) -> list[WorkRecord]:
-    return [_record(row._mapping) for row in rows]
+    return [WorkRecord.from_row(row._mapping) for row in rows]
 
 
 def due_order_key(record: WorkRecord) -> tuple[str, str, str, str]:
@@ -868,7 +851,7 @@ class WorkRepository:
         row = connection.execute(
             select(work).where(_is_identity(collection_id, content_id))
         ).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     @staticmethod
     def _invalidate_coverage(
@@ -933,7 +916,7 @@ class WorkRepository:
             .where(*conditions)
             .returning(*work.c)
         ).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     @staticmethod
     def _create_operator_work(
@@ -970,7 +953,7 @@ class WorkRepository:
             .returning(*work.c)
         )
         row = connection.execute(statement).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     def _operator_retry_lost(
         self, connection: Connection, collection_id: str, content_id: str
@@ -1017,7 +1000,7 @@ class WorkRepository:
         )
         with read_transaction(self.engine) as connection:
             row = connection.execute(statement).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     def collection_has_work_in_hand(self, collection_id: str) -> bool:
         """Whether some of the collection's work is leased, or due now.
@@ -1063,7 +1046,7 @@ class WorkRepository:
         )
         with self.engine.begin() as connection:
             row = connection.execute(statement).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     def claim_due_batch(
         self,

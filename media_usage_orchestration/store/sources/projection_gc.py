@@ -18,9 +18,10 @@ Database time only: every timestamp is computed by the statement that uses it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import (
     Engine,
@@ -51,6 +52,7 @@ from media_usage_orchestration.store.core.schema import (
     occurrences,
     sources,
 )
+from media_usage_orchestration.values.records import record_from_row
 
 # EmDash binds at most 50 values a statement; the lease guard takes three of them.
 DELETE_BATCH_SIZE = 47
@@ -122,6 +124,31 @@ class GcTaskRow:
     last_duration_ms: int
     last_error_code: str | None
     updated_at: str
+
+
+_TASK_ROW_CONVERTERS = {
+    **dict.fromkeys(
+        (
+            "consecutive_failures",
+            "last_candidate_count",
+            "last_deleted_orphans",
+            "last_deleted_stale",
+            "last_deleted_abandoned",
+            "last_deleted_write_leases",
+            "last_backlog_lower_bound",
+            "last_duration_ms",
+        ),
+        int,
+    ),
+    "last_scan_has_more": bool,
+}
+
+
+def _cursor_of(row: Mapping[str, Any]) -> GcCursor | None:
+    """The sweep's cursor as the task row holds it (None between sweeps)."""
+    if row["cursor_created_at"] and row["cursor_id"]:
+        return GcCursor(row["cursor_created_at"], row["cursor_id"])
+    return None
 
 
 def _task_row() -> ColumnElement[bool]:
@@ -219,29 +246,19 @@ class ProjectionGcRepository:
             .returning(
                 cleanup.c.cursor_created_at,
                 cleanup.c.cursor_id,
-                cleanup.c.last_started_at,
+                cleanup.c.last_started_at.label("claimed_at"),
                 cleanup.c.scan_before_at,
                 cleanup.c.consecutive_failures,
             )
         )
         with self.engine.begin() as connection:
-            row = connection.execute(statement).first()
+            row = connection.execute(statement).mappings().first()
         if row is None:
             return None
-        if not row.last_started_at or not row.scan_before_at:
+        if not row["claimed_at"] or not row["scan_before_at"]:
             raise RuntimeError("the cleanup claim did not persist its database timestamps")
-        cursor = (
-            GcCursor(row.cursor_created_at, row.cursor_id)
-            if row.cursor_created_at and row.cursor_id
-            else None
-        )
-        return GcClaim(
-            lease_token,
-            cursor,
-            row.last_started_at,
-            row.scan_before_at,
-            int(row.consecutive_failures),
-        )
+        claim = {**row, "lease_token": lease_token, "cursor": _cursor_of(row)}
+        return record_from_row(GcClaim, claim, consecutive_failures=int)
 
     def complete(
         self, lease_token: str, counters: GcCounters, next_cursor: GcCursor | None, swept: bool
@@ -314,31 +331,8 @@ class ProjectionGcRepository:
             row = connection.execute(select(cleanup).where(_task_row())).mappings().first()
         if row is None:
             return None
-        cursor = (
-            GcCursor(row["cursor_created_at"], row["cursor_id"])
-            if row["cursor_created_at"] and row["cursor_id"]
-            else None
-        )
-        return GcTaskRow(
-            leased=row["lease_token"] is not None,
-            lease_expires_at=row["lease_expires_at"],
-            next_eligible_at=row["next_eligible_at"],
-            cursor=cursor,
-            scan_before_at=row["scan_before_at"],
-            consecutive_failures=int(row["consecutive_failures"]),
-            last_started_at=row["last_started_at"],
-            last_completed_at=row["last_completed_at"],
-            last_candidate_count=int(row["last_candidate_count"]),
-            last_deleted_orphans=int(row["last_deleted_orphans"]),
-            last_deleted_stale=int(row["last_deleted_stale"]),
-            last_deleted_abandoned=int(row["last_deleted_abandoned"]),
-            last_deleted_write_leases=int(row["last_deleted_write_leases"]),
-            last_backlog_lower_bound=int(row["last_backlog_lower_bound"]),
-            last_scan_has_more=bool(row["last_scan_has_more"]),
-            last_duration_ms=int(row["last_duration_ms"]),
-            last_error_code=row["last_error_code"],
-            updated_at=row["updated_at"],
-        )
+        task = {**row, "leased": row["lease_token"] is not None, "cursor": _cursor_of(row)}
+        return record_from_row(GcTaskRow, task, **_TASK_ROW_CONVERTERS)
 
     # -- the sweep ----------------------------------------------------------------------------
 
@@ -381,18 +375,7 @@ class ProjectionGcRepository:
         )
         with self.engine.begin() as connection:
             rows = connection.execute(statement).all()
-        return [
-            GcCandidate(
-                row.id,
-                row.source_key,
-                row.generation,
-                row.created_at,
-                row.current_generation,
-                row.indexed_at,
-                row.write_lease_expires_at,
-            )
-            for row in rows
-        ]
+        return [record_from_row(GcCandidate, row._mapping) for row in rows]
 
     def _target_guard(
         self, target: GcTarget, ids: Sequence[str], cutoff: str, lease_token: str
