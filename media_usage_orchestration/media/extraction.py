@@ -63,10 +63,11 @@ class MediaOccurrence:
     def row_values(self) -> dict[str, Any]:
         """Column values for `_emdash_media_usage` (without id, generation and timestamps)."""
         # Every field is a scalar: a shallow copy is what `asdict` would return, far cheaper.
-        return {name: getattr(self, name) for name in _OCCURRENCE_FIELDS}
+        return {name: getattr(self, name) for name in OCCURRENCE_COLUMNS}
 
 
-_OCCURRENCE_FIELDS = tuple(MediaOccurrence.__dataclass_fields__)
+# The value columns of an occurrence row (no id, source key, generation or timestamps).
+OCCURRENCE_COLUMNS = tuple(MediaOccurrence.__dataclass_fields__)
 
 
 def occurrences_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[MediaOccurrence]:
