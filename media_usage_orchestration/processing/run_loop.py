@@ -51,6 +51,9 @@ class Budget:
     def elapsed_seconds(self) -> float:
         return self.clock() - self.started
 
+    def elapsed_ms(self) -> int:
+        return int(max(0.0, self.elapsed_seconds()) * 1000)
+
     @property
     def remaining_steps(self) -> int | None:
         return None if self.max_steps is None else max(0, self.max_steps - self.used)
