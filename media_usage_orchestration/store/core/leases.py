@@ -95,11 +95,20 @@ def due_candidates_statement(leased, limit: int) -> Select:
     retry = candidates("retry_candidates", LeaseState.RETRY, leased.c.next_attempt_at)
     expired = candidates("leased_candidates", LeaseState.LEASED, leased.c.lease_expires_at)
     merged = union_all(select(pending), select(retry), select(expired)).cte("candidates")
-    due_at = case(
-        (merged.c.state == LeaseState.LEASED.value, merged.c.lease_expires_at),
-        else_=merged.c.next_attempt_at,
+    return (
+        select(merged)
+        .order_by(due_time(merged), merged.c.updated_at, merged.c.collection_id)
+        .limit(limit)
     )
-    return select(merged).order_by(due_at, merged.c.updated_at, merged.c.collection_id).limit(limit)
+
+
+def due_time(leased) -> ColumnElement[str]:
+    """When a row became (or becomes) claimable: its lease expiry while leased, else its next
+    attempt (the seeds' `dueTimestamp`)."""
+    return case(
+        (leased.c.state == LeaseState.LEASED.value, leased.c.lease_expires_at),
+        else_=leased.c.next_attempt_at,
+    )
 
 
 def lease_has_expired(leased) -> ColumnElement[bool]:

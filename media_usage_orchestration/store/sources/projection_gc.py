@@ -29,7 +29,6 @@ from sqlalchemy import (
     case,
     delete,
     exists,
-    func,
     literal,
     or_,
     select,
@@ -155,6 +154,15 @@ def _task_row() -> ColumnElement[bool]:
     return cleanup.c.task_key == CLEANUP_TASK_KEY
 
 
+def task_is_claimable() -> ColumnElement[bool]:
+    """The task row is due and no pass holds it: never leased, or its lease expired."""
+    return and_(
+        _task_row(),
+        is_due_at_clock(cleanup.c.next_eligible_at),
+        or_(cleanup.c.lease_token.is_(None), is_due_at_clock(cleanup.c.lease_expires_at)),
+    )
+
+
 def _lease_is_held(engine_or_dialect_is_postgres: bool, lease_token: str) -> ColumnElement[bool]:
     """EXISTS the task row under this token with a live lease; PostgreSQL locks it, so a GC
     statement and a source write (the fence's FOR SHARE) never interleave."""
@@ -227,11 +235,7 @@ class ProjectionGcRepository:
         claimed_at = timestamp_offset(0)
         statement = (
             update(cleanup)
-            .where(
-                _task_row(),
-                is_due_at_clock(cleanup.c.next_eligible_at),
-                or_(cleanup.c.lease_token.is_(None), is_due_at_clock(cleanup.c.lease_expires_at)),
-            )
+            .where(task_is_claimable())
             .values(
                 lease_token=lease_token,
                 lease_expires_at=timestamp_offset(lease_seconds),
@@ -434,74 +438,11 @@ class ProjectionGcRepository:
         with self.engine.begin() as connection:
             return connection.execute(statement).rowcount
 
-    # -- probes -------------------------------------------------------------------------------
 
-    def due_work(self, window: int, safety_window_seconds: int) -> GcDue | None:
-        """What the next pass would find, reading at most `window` occurrences through the
-        cleanup-scan index: None while the task is not due (or leased)."""
-        task = self.read_task()
-        with read_transaction(self.engine) as connection:
-            due = connection.execute(
-                select(literal(1)).where(
-                    _task_row(),
-                    is_due_at_clock(cleanup.c.next_eligible_at),
-                    or_(
-                        cleanup.c.lease_token.is_(None),
-                        is_due_at_clock(cleanup.c.lease_expires_at),
-                    ),
-                )
-            ).first()
-            if due is None or task is None:
-                return None
-            cutoff = (
-                task.scan_before_at
-                or connection.execute(select(timestamp_offset(-safety_window_seconds))).scalar_one()
-            )
-            expired_leases = connection.execute(
-                select(func.count()).select_from(
-                    select(generation_writes.c.lease_token)
-                    .where(is_due_at_clock(generation_writes.c.expires_at))
-                    .limit(1)
-                    .subquery()
-                )
-            ).scalar_one()
-            window_rows = connection.execute(_window_statement(cutoff, task.cursor, window)).all()
-        targets = sum(1 for row in window_rows if row.target)
-        return GcDue(
-            next_eligible_at=task.next_eligible_at,
-            updated_at=task.updated_at,
-            sweeping=task.cursor is not None,
-            window_rows=len(window_rows),
-            window_full=len(window_rows) >= window,
-            targets_in_window=targets,
-            expired_write_leases=bool(expired_leases),
-        )
-
-
-@dataclass(frozen=True)
-class GcDue:
-    """The task row is due; what a pass would have to do."""
-
-    next_eligible_at: str
-    updated_at: str
-    sweeping: bool
-    window_rows: int
-    window_full: bool
-    targets_in_window: int
-    expired_write_leases: bool
-
-    @property
-    def has_work(self) -> bool:
-        """A pass deletes something, advances the sweep, or finishes one in progress."""
-        return (
-            self.expired_write_leases
-            or self.targets_in_window > 0
-            or self.window_full
-            or self.sweeping
-        )
-
-
-def _window_statement(cutoff: str, cursor: GcCursor | None, window: int):
+def scan_window_statement(cutoff: str, cursor: GcCursor | None, window: int):
+    """The next `window` occurrences below the cutoff after the cursor, each flagged `target`
+    when neither its source's current generation nor a live write lease keeps it (what a pass
+    would look at next, without its lease)."""
     scanned = select(occurrences.c.id, occurrences.c.source_key, occurrences.c.generation).where(
         occurrences.c.created_at < cutoff
     )
