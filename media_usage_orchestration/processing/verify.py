@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from media_usage_orchestration.media.extraction import OCCURRENCE_COLUMNS
-from media_usage_orchestration.media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError
+from media_usage_orchestration.media.fields import FieldDiscovery
 from media_usage_orchestration.media.snapshots import SnapshotResult, build_content_snapshots
 from media_usage_orchestration.media.sources import SOURCE_COLUMNS, ContentSource
 from media_usage_orchestration.processing.content_reads import load_fields
@@ -29,7 +29,10 @@ from media_usage_orchestration.store import audit
 from media_usage_orchestration.store.content import content_rows_query
 from media_usage_orchestration.store.core.engine import Connection, Engine
 from media_usage_orchestration.store.reconciliations import PROCESSING_FAILED_CODE
-from media_usage_orchestration.values.identifiers import InvalidIdentifierError
+from media_usage_orchestration.values.errors import (
+    InvalidIdentifierError,
+    MediaUsageFieldDiscoveryError,
+)
 from media_usage_orchestration.values.source_records import SourceRow
 
 ENTRY_PAGE_SIZE = 200

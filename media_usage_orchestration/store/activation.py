@@ -26,16 +26,16 @@ from media_usage_orchestration.store.core.schema import (
     collections,
     index_status,
 )
-from media_usage_orchestration.values.errors import ActivationInProgressError
+from media_usage_orchestration.values.errors import (
+    ActivationError,
+    ActivationGenerationError,
+    ActivationInProgressError,
+)
 from media_usage_orchestration.values.records import record_from_row
 
 RUNTIME_GENERATION = 1
 ACTIVATION_LEASE_SECONDS = 5 * 60
-ACTIVATION_ERROR_CODE = "MEDIA_USAGE_ACTIVATION_FAILED"
-
-
-class ActivationGenerationError(RuntimeError):
-    """The database was activated by an incompatible runtime generation."""
+ACTIVATION_ERROR_CODE = ActivationError.code
 
 
 @dataclass(frozen=True)

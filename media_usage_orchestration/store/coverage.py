@@ -27,7 +27,8 @@ from media_usage_orchestration.store.core.schema import (
     work,
 )
 from media_usage_orchestration.store.reconciliations import PROCESSING_FAILED_CODE
-from media_usage_orchestration.values.identifiers import InvalidIdentifierError, content_table_name
+from media_usage_orchestration.values.errors import InvalidIdentifierError
+from media_usage_orchestration.values.identifiers import content_table_name
 from media_usage_orchestration.values.records import optional, record_from_row
 from media_usage_orchestration.values.source_records import (
     CANONICAL_IDENTITY_VERSION,

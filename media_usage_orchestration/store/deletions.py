@@ -78,6 +78,11 @@ from media_usage_orchestration.store.core.schema import (
 )
 from media_usage_orchestration.store.registry import collection_identity_exists
 from media_usage_orchestration.values.cursors import decode_cursor, encode_cursor
+from media_usage_orchestration.values.errors import (
+    DeletionCleanupIncomplete,
+    DeletionIdentityConflict,
+    DeletionLeaseLost,
+)
 from media_usage_orchestration.values.identifiers import (
     content_table_name,
     quote_identifier,
@@ -126,24 +131,6 @@ class GuardOutcome(StrEnum):
     HAS_CONTENT = "has_content"
     STALE = "stale"
     DROPPED = "dropped"
-
-
-class DeletionError(RuntimeError):
-    """A refused deletion step; `code` is stable."""
-
-    code = "MEDIA_USAGE_COLLECTION_DELETION_FAILED"
-
-
-class DeletionIdentityConflict(DeletionError):
-    code = "MEDIA_USAGE_COLLECTION_DELETION_IDENTITY_CONFLICT"
-
-
-class DeletionLeaseLost(DeletionError):
-    code = "MEDIA_USAGE_COLLECTION_DELETION_LEASE_LOST"
-
-
-class DeletionCleanupIncomplete(DeletionError):
-    code = "MEDIA_USAGE_COLLECTION_DELETION_INCOMPLETE"
 
 
 @dataclass(frozen=True)
@@ -1009,11 +996,7 @@ __all__ = [
     "ROWS_PER_BATCH",
     "BatchResult",
     "DeletionClaim",
-    "DeletionCleanupIncomplete",
-    "DeletionError",
-    "DeletionIdentityConflict",
     "DeletionLease",
-    "DeletionLeaseLost",
     "DeletionPage",
     "DeletionPhase",
     "DeletionRecord",
