@@ -100,8 +100,6 @@ DEFAULT_OPERATOR_LIMIT = 50
 FTS_TABLE_PREFIX = "_emdash_fts_"
 FTS_TRIGGER_SUFFIXES = ("insert", "update", "delete")
 
-_t = collection_deletions
-
 
 class DeletionPhase(StrEnum):
     FENCE = "fence"
@@ -267,7 +265,7 @@ def holds_deletion_lease(
     *,
     phase: DeletionPhase | None = None,
     collection_slug: str | None = None,
-    tombstone=_t,
+    tombstone=collection_deletions,
 ) -> ColumnElement[bool]:
     """The tombstone is leased to exactly this token and the lease is live on the clock."""
     conditions = [
@@ -287,7 +285,7 @@ def deletion_lease_is_live(
     lease: DeletionLease, *, phase: DeletionPhase | None = None, collection_slug: str | None = None
 ) -> ColumnElement[bool]:
     """EXISTS form of `holds_deletion_lease`, for writes to other tables."""
-    deletion = _t.alias("deletion")
+    deletion = collection_deletions.alias("deletion")
     guard = holds_deletion_lease(
         lease, phase=phase, collection_slug=collection_slug, tombstone=deletion
     )
@@ -309,7 +307,7 @@ def find_due_statement(limit: int) -> Select:
     limit = bounded_limit(
         limit, 1, MAX_PAGE_LIMIT, "Collection deletion candidate limit must be from 1 to 100"
     )
-    return due_candidates_statement(_t, limit)
+    return due_candidates_statement(collection_deletions, limit)
 
 
 def _update_deletion(
@@ -317,7 +315,7 @@ def _update_deletion(
 ) -> None:
     """A back-phase checkpoint: progress resets the failure count; 0 rows means we lost."""
     result = connection.execute(
-        update(_t)
+        update(collection_deletions)
         .where(holds_deletion_lease(lease, phase=in_phase))
         .values(**values, attempt_count=0, last_error_code=None, updated_at=now())
     )
@@ -330,7 +328,9 @@ def _lock_leased_tombstone(
 ) -> DeletionRecord:
     """Read the step's own cursors under the lease; PostgreSQL serializes holders of one token."""
     row = connection.execute(
-        select(_t).where(holds_deletion_lease(lease, phase=phase)).with_for_update()
+        select(collection_deletions)
+        .where(holds_deletion_lease(lease, phase=phase))
+        .with_for_update()
     ).first()
     if row is None:
         raise DeletionLeaseLost("Collection deletion lease was lost")
@@ -391,7 +391,7 @@ class DeletionRepository:
         try:
             with self.engine.begin() as connection:
                 connection.execute(
-                    dialect_insert(connection, _t)
+                    dialect_insert(connection, collection_deletions)
                     .values(
                         collection_id=collection_id,
                         collection_slug=collection_slug,
@@ -401,10 +401,12 @@ class DeletionRepository:
                         next_attempt_at=now(),
                         updated_at=now(),
                     )
-                    .on_conflict_do_nothing(index_elements=[_t.c.collection_id])
+                    .on_conflict_do_nothing(index_elements=[collection_deletions.c.collection_id])
                 )
                 row = connection.execute(
-                    select(_t).where(_t.c.collection_id == collection_id)
+                    select(collection_deletions).where(
+                        collection_deletions.c.collection_id == collection_id
+                    )
                 ).one()
         except IntegrityError as error:
             # The UNIQUE slug is the slug lock: another collection id already holds it.
@@ -427,16 +429,19 @@ class DeletionRepository:
         lease_token = str(ULID())
         with self.engine.begin() as connection:
             row = connection.execute(
-                update(_t)
-                .where(_t.c.collection_id == collection_id, _t.c.phase == phase.value)
-                .where(is_claimable(_t))
+                update(collection_deletions)
+                .where(
+                    collection_deletions.c.collection_id == collection_id,
+                    collection_deletions.c.phase == phase.value,
+                )
+                .where(is_claimable(collection_deletions))
                 .values(
                     state=LeaseState.LEASED.value,
                     lease_token=lease_token,
                     lease_expires_at=timestamp_offset(lease_seconds),
                     updated_at=now(),
                 )
-                .returning(*_t.c)
+                .returning(*collection_deletions.c)
             ).first()
         if row is None:
             return None
@@ -448,10 +453,10 @@ class DeletionRepository:
         lease_seconds = _lease_seconds(lease_seconds)
         with self.engine.begin() as connection:
             return connection.execute(
-                update(_t)
+                update(collection_deletions)
                 .where(holds_deletion_lease(lease))
                 .values(lease_expires_at=timestamp_offset(lease_seconds), updated_at=now())
-                .returning(_t.c.lease_expires_at)
+                .returning(collection_deletions.c.lease_expires_at)
             ).scalar()
 
     # -- reads ---------------------------------------------------------------------------------
@@ -461,7 +466,9 @@ class DeletionRepository:
         try:
             with read_transaction(self.engine) as connection:
                 row = connection.execute(
-                    select(_t).where(_t.c.collection_slug == collection_slug)
+                    select(collection_deletions).where(
+                        collection_deletions.c.collection_slug == collection_slug
+                    )
                 ).first()
         except DBAPIError as error:
             if is_missing_table(error):
@@ -472,7 +479,11 @@ class DeletionRepository:
     def find(self, collection_id: str) -> DeletionRecord | None:
         require_text(collection_id, "Collection deletion requires a collection ID")
         with read_transaction(self.engine) as connection:
-            row = connection.execute(select(_t).where(_t.c.collection_id == collection_id)).first()
+            row = connection.execute(
+                select(collection_deletions).where(
+                    collection_deletions.c.collection_id == collection_id
+                )
+            ).first()
         return DeletionRecord.from_row(row._mapping) if row is not None else None
 
     def is_slug_deleting(self, collection_slug: str) -> bool:
@@ -494,20 +505,20 @@ class DeletionRepository:
             limit, 1, MAX_PAGE_LIMIT, "Collection deletion operator limit must be from 1 to 100"
         )
         position = decode_cursor(cursor) if cursor is not None else None
-        statement = select(_t).where(_t.c.state == state.value)
+        statement = select(collection_deletions).where(collection_deletions.c.state == state.value)
         if position is not None:
             statement = statement.where(
                 or_(
-                    _t.c.updated_at < position.order_value,
+                    collection_deletions.c.updated_at < position.order_value,
                     and_(
-                        _t.c.updated_at == position.order_value,
-                        _t.c.collection_id < position.id,
+                        collection_deletions.c.updated_at == position.order_value,
+                        collection_deletions.c.collection_id < position.id,
                     ),
                 )
             )
-        statement = statement.order_by(_t.c.updated_at.desc(), _t.c.collection_id.desc()).limit(
-            limit + 1
-        )
+        statement = statement.order_by(
+            collection_deletions.c.updated_at.desc(), collection_deletions.c.collection_id.desc()
+        ).limit(limit + 1)
         with read_transaction(self.engine) as connection:
             rows = connection.execute(statement).all()
         items = tuple(OperatorDeletionItem.from_row(row._mapping) for row in rows[:limit])
@@ -522,7 +533,9 @@ class DeletionRepository:
         require_text(collection_id, "Collection deletion retry requires an ID")
         with self.engine.begin() as connection:
             observed = connection.execute(
-                select(_t).where(_t.c.collection_id == collection_id)
+                select(collection_deletions).where(
+                    collection_deletions.c.collection_id == collection_id
+                )
             ).first()
             if observed is None:
                 return DeletionRetryResult(OperatorRetryOutcome.NOT_FOUND)
@@ -532,8 +545,11 @@ class DeletionRepository:
                     OperatorRetryOutcome.LEASE_ACTIVE, lease_expires_at=live_expiry
                 )
             reopened = connection.execute(
-                update(_t)
-                .where(_t.c.collection_id == collection_id, is_reopenable_by_operator(_t))
+                update(collection_deletions)
+                .where(
+                    collection_deletions.c.collection_id == collection_id,
+                    is_reopenable_by_operator(collection_deletions),
+                )
                 .values(
                     state=LeaseState.PENDING.value,
                     attempt_count=0,
@@ -543,7 +559,7 @@ class DeletionRepository:
                     last_error_code=None,
                     updated_at=now(),
                 )
-                .returning(*_t.c)
+                .returning(*collection_deletions.c)
             ).first()
         if reopened is None:
             return DeletionRetryResult(OperatorRetryOutcome.CONFLICT)
@@ -558,10 +574,10 @@ class DeletionRepository:
         if observed.state != LeaseState.LEASED.value or not observed.lease_expires_at:
             return None
         return connection.execute(
-            select(_t.c.lease_expires_at).where(
-                _t.c.collection_id == observed.collection_id,
-                _t.c.state == LeaseState.LEASED.value,
-                lease_live_at_clock(_t.c.lease_expires_at),
+            select(collection_deletions.c.lease_expires_at).where(
+                collection_deletions.c.collection_id == observed.collection_id,
+                collection_deletions.c.state == LeaseState.LEASED.value,
+                lease_live_at_clock(collection_deletions.c.lease_expires_at),
             )
         ).scalar()
 
@@ -576,7 +592,7 @@ class DeletionRepository:
         lease = _lease_identity(lease)
         from_phase, to_phase = _phase(from_phase), _phase(to_phase)
         return self._guarded_update(
-            update(_t)
+            update(collection_deletions)
             .where(holds_deletion_lease(lease, phase=from_phase))
             .values(phase=to_phase.value, attempt_count=0, last_error_code=None, updated_at=now())
         )
@@ -585,7 +601,7 @@ class DeletionRepository:
         """Hand the tombstone back as pending and due now: the next phase may start at once."""
         lease = _lease_identity(lease)
         return self._guarded_update(
-            update(_t)
+            update(collection_deletions)
             .where(holds_deletion_lease(lease))
             .values(
                 state=LeaseState.PENDING.value,
@@ -602,7 +618,9 @@ class DeletionRepository:
         """The collection kept its content: drop the tombstone, only while still in `fence`."""
         lease = _lease_identity(lease)
         return self._guarded_update(
-            delete(_t).where(holds_deletion_lease(lease, phase=DeletionPhase.FENCE))
+            delete(collection_deletions).where(
+                holds_deletion_lease(lease, phase=DeletionPhase.FENCE)
+            )
         )
 
     def record_failure(
@@ -616,11 +634,11 @@ class DeletionRepository:
         )
         state = LeaseState.FAILED if terminal else LeaseState.RETRY
         return self._guarded_update(
-            update(_t)
+            update(collection_deletions)
             .where(holds_deletion_lease(lease))
             .values(
                 state=state.value,
-                attempt_count=_t.c.attempt_count + 1,
+                attempt_count=collection_deletions.c.attempt_count + 1,
                 next_attempt_at=timestamp_offset(retry_delay_seconds),
                 lease_token=None,
                 lease_expires_at=None,
@@ -660,7 +678,7 @@ class DeletionRepository:
                 )
             )
             checkpoint = connection.execute(
-                update(_t)
+                update(collection_deletions)
                 .where(
                     holds_deletion_lease(
                         lease, phase=DeletionPhase.REGISTRY, collection_slug=collection_slug
@@ -836,7 +854,7 @@ class DeletionRepository:
             if collection_identity_exists(connection, lease.collection_id, slug):
                 raise DeletionCleanupIncomplete("Collection registry identity still exists")
             result = connection.execute(
-                delete(_t).where(
+                delete(collection_deletions).where(
                     holds_deletion_lease(lease, phase=DeletionPhase.FINALIZE, collection_slug=slug)
                 )
             )
@@ -850,7 +868,9 @@ def is_slug_deleting(engine: Engine, collection_slug: str) -> bool:
     try:
         with read_transaction(engine) as connection:
             row = connection.execute(
-                select(_t.c.collection_id).where(_t.c.collection_slug == collection_slug)
+                select(collection_deletions.c.collection_id).where(
+                    collection_deletions.c.collection_slug == collection_slug
+                )
             ).first()
     except DBAPIError as error:
         if is_missing_table(error):
@@ -898,10 +918,16 @@ def _lock_live_tombstone(
     phase = DeletionPhase.FENCE if action is GuardAction.FENCE else DeletionPhase.TABLE
     guard = holds_deletion_lease(lease, phase=phase, collection_slug=collection_slug)
     if is_postgres(connection):
-        row = connection.execute(select(_t.c.collection_id).where(guard).with_for_update())
+        row = connection.execute(
+            select(collection_deletions.c.collection_id).where(guard).with_for_update()
+        )
         return row.first() is not None
     # SQLite: BEGIN IMMEDIATE already holds the write lock; the no-op write proves the guard.
-    result = connection.execute(update(_t).where(guard).values(updated_at=_t.c.updated_at))
+    result = connection.execute(
+        update(collection_deletions)
+        .where(guard)
+        .values(updated_at=collection_deletions.c.updated_at)
+    )
     return result.rowcount == 1
 
 
