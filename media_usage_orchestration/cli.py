@@ -36,7 +36,6 @@ from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import (
     DATABASE_URL_ENV,
     ArgumentError,
-    DatabaseFileError,
     Engine,
     SQLAlchemyError,
     create_database_engine,
@@ -46,6 +45,11 @@ from media_usage_orchestration.store.core.engine import (
     scrubbed,
 )
 from media_usage_orchestration.store.core.leases import LeaseState
+from media_usage_orchestration.values.errors import (
+    CoverageIncomplete,
+    DatabaseFileError,
+    OperatorInputError,
+)
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
 
 # Piped or logged output is not cut at rich's default 80 columns: the status table is wider.
@@ -84,7 +88,7 @@ def _reported_errors(ctx: click.Context) -> Iterator[None]:
     traceback, never the SQL or its values)."""
     try:
         yield
-    except operator.OperatorInputError as error:
+    except OperatorInputError as error:
         raise click.UsageError(str(error), ctx) from None
     except DatabaseFileError as error:
         url = ctx.meta.get(_DATABASE_URL_META)
@@ -447,7 +451,7 @@ def unused_verb(limit: int, cursor: str | None, database_url: str | None, as_jso
     complete."""
     try:
         report = usage.unused_media(_engine(database_url), limit=limit, cursor=cursor)
-    except usage.CoverageIncomplete as refusal:
+    except CoverageIncomplete as refusal:
         click.echo(f"Refused: {refusal}", err=True)
         _exit_problem()
     if as_json:

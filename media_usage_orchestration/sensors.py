@@ -32,9 +32,12 @@ from media_usage_orchestration.store.core.engine import (
     scrubbed,
 )
 from media_usage_orchestration.store.core.schema import missing_tables
-from media_usage_orchestration.store.deletions import DeletionRepository
-from media_usage_orchestration.store.probes import due_reconciliations, earliest_due_work
-from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
+from media_usage_orchestration.store.probes import (
+    due_deletions,
+    due_projection_gc,
+    due_reconciliations,
+    earliest_due_work,
+)
 
 COLLECTION_ID_TAG = "media_usage/collection_id"
 IN_FLIGHT_STATUSES = [
@@ -117,7 +120,7 @@ def database_not_ready(database: MediaUsageDatabase) -> dg.SkipReason | None:
 
 
 def _due_deletions(engine: Engine):
-    return DeletionRepository(engine).find_due(MAX_DUE_DELETIONS)
+    return due_deletions(engine, MAX_DUE_DELETIONS)
 
 
 def _due_reconciliations(engine: Engine):
@@ -126,9 +129,7 @@ def _due_reconciliations(engine: Engine):
 
 def _due_projection_gc(engine: Engine):
     limits = GcLimits()
-    return ProjectionGcRepository(engine).due_work(
-        limits.candidate_limit, limits.safety_window_seconds
-    )
+    return due_projection_gc(engine, limits.candidate_limit, limits.safety_window_seconds)
 
 
 def run_key(*parts: object) -> str:
@@ -153,21 +154,17 @@ def media_usage_collection_deletion_sensor(
     requests = []
     for tombstone in due:
         tags = {COLLECTION_ID_TAG: tombstone.collection_id}
-        lease_expired = tombstone.state == "leased"
-        if not lease_expired and runs_in_flight(
+        if not tombstone.lease_expired and runs_in_flight(
             context.instance, media_usage_collection_deletion.name, tags
         ):
             continue
-        due_at = (
-            tombstone.lease_expires_at if tombstone.state == "leased" else tombstone.next_attempt_at
-        )
         requests.append(
             dg.RunRequest(
                 run_key=run_key(
                     "delete",
                     tombstone.collection_id,
                     tombstone.phase,
-                    due_at,
+                    tombstone.due_at,
                     tombstone.updated_at,
                     # a run canceled or failed before its claim left the tombstone unchanged
                     last_unsuccessful_run_id(
@@ -313,7 +310,7 @@ def media_usage_projection_gc_sensor(
         run_key=run_key(
             "gc",
             "projection_gc",
-            due.next_eligible_at,
+            due.due_at,
             due.updated_at,
             last_unsuccessful_run_id(context.instance, media_usage_projection_gc.name),
         ),

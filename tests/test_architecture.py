@@ -9,6 +9,7 @@ lazy imports inside functions: every `import` statement counts, wherever it stan
 from __future__ import annotations
 
 import ast
+import builtins
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,51 @@ def test_nothing_below_ops_and_assets_imports_dagster():
         if _in(module, *below) and "dagster" in _third_party(module)
     }
     assert offenders == set()
+
+
+# The one module that defines the project's errors, and the one control-flow exception elsewhere.
+ERRORS_MODULE = "values/errors.py"
+NOT_AN_ERROR = {("ops/leased.py", "StepStopped")}
+
+
+def _exception_classes() -> set[tuple[str, str]]:
+    """(module path, class) of every class deriving from an exception: a builtin one, one named
+    like an error, or (transitively) another such class of the package."""
+    classes = [
+        (_relative(path), node.name, {_base_name(base) for base in node.bases})
+        for path in MODULES.values()
+        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        if isinstance(node, ast.ClassDef)
+    ]
+    exceptions = {
+        name
+        for name, value in vars(builtins).items()
+        if isinstance(value, type) and issubclass(value, BaseException)
+    }
+    found: set[tuple[str, str]] = set()
+    while True:
+        more = {
+            (path, name)
+            for path, name, bases in classes
+            if any(base in exceptions or base.endswith(("Error", "Exception")) for base in bases)
+        }
+        if more == found:
+            return found
+        found = more
+        exceptions |= {name for _, name in found}
+
+
+def _base_name(base: ast.expr) -> str:
+    if isinstance(base, ast.Attribute):
+        return base.attr
+    return base.id if isinstance(base, ast.Name) else ""
+
+
+def test_errors_are_defined_only_in_the_errors_module():
+    outside = {
+        (path, name)
+        for path, name in _exception_classes()
+        if path != ERRORS_MODULE and (path, name) not in NOT_AN_ERROR
+    }
+    assert outside == set()
+    assert ("values/errors.py", "MediaUsageError") in _exception_classes()

@@ -20,10 +20,8 @@ from dagster._core.definitions.definitions_load_context import (
 )
 
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.registry import (
-    RegistryUnreadable,
-    read_live_collection_slugs_at,
-)
+from media_usage_orchestration.store.registry import read_live_collection_slugs_at
+from media_usage_orchestration.values.errors import RegistryUnreadable
 
 COVERAGE_HISTORY_GROUP = "media_usage_coverage"
 # The reconstruction metadata key holding the loaded slugs (a JSON list).

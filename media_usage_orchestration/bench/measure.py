@@ -216,9 +216,9 @@ class DriverMode:
             while True:
                 calls += 1
                 if path == "batch":
-                    claimed = process_due_batch(self.engine, WORK_BATCH_SIZE).claimed_count
+                    claimed = process_due_batch(self.engine, WORK_BATCH_SIZE).counts.claimed
                 else:
-                    claimed = process_due_work(self.engine).claimed_count
+                    claimed = process_due_work(self.engine).counts.claimed
                 if claimed == 0:
                     return calls
 

@@ -36,9 +36,7 @@ def _work_run(url: str, batch_size: int, ready, release, reports) -> None:
             ready.release()
             release.wait()
             drained = drain_due_work(engine, Budget(), batch_size)
-        reports.put(
-            WorkerReport(drained.counts["claimed"], drained.counts["completed"], counts.total)
-        )
+        reports.put(WorkerReport(drained.counts.claimed, drained.counts.completed, counts.total))
     finally:
         engine.dispose()
 

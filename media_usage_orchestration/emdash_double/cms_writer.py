@@ -100,9 +100,9 @@ def _validate_fields(fields: Sequence[FieldSpec]) -> None:
     for spec in fields:
         validate_identifier(spec.slug, "field slug")
         if spec.type not in FIELD_TYPES:
-            raise CmsError("VALIDATION_ERROR", f"Unknown field type {spec.type!r}")
+            raise CmsError(f"Unknown field type {spec.type!r}", "VALIDATION_ERROR")
         if spec.slug in seen or spec.slug in schema.SYSTEM_COLUMNS:
-            raise CmsError("VALIDATION_ERROR", f"Duplicate or reserved field slug {spec.slug!r}")
+            raise CmsError(f"Duplicate or reserved field slug {spec.slug!r}", "VALIDATION_ERROR")
         seen.add(spec.slug)
         for sub in spec.sub_fields:
             validate_identifier(sub.slug, "repeater sub-field slug")
@@ -152,7 +152,7 @@ class CmsWriter:
         schema.create_content_table(connection, collection.slug, columns)
         install_capture_triggers(connection, identity, replace_existing=False)
         if not verify_capture_triggers(connection, identity):
-            raise CmsError("MEDIA_USAGE_CAPTURE_FAILED", "Capture trigger verification failed")
+            raise CmsError("Capture trigger verification failed", "MEDIA_USAGE_CAPTURE_FAILED")
         status_store.mark_capture_ready(connection, collection.id, collection.slug)
         self._insert_registry(connection, collection, label)
         status_store.finalize_collection_capture(connection, collection.id, collection.slug)
@@ -164,7 +164,7 @@ class CmsWriter:
         registered_id = collection_id_for_slug(connection, slug)
         self._refuse_tombstoned_slug(connection, slug)
         if registered_id is not None:
-            raise CmsError("COLLECTION_EXISTS", f"Collection {slug!r} already exists")
+            raise CmsError(f"Collection {slug!r} already exists", "COLLECTION_EXISTS")
 
     @staticmethod
     def _refuse_tombstoned_slug(connection: Connection, slug: str) -> None:
@@ -175,8 +175,8 @@ class CmsWriter:
         ).first()
         if tombstone is not None:
             raise CmsError(
-                "COLLECTION_EXISTS",
                 f"Collection {slug!r} is still being deleted; the slug is held until it finishes",
+                "COLLECTION_EXISTS",
             )
 
     def _insert_registry(
@@ -274,7 +274,7 @@ class CmsWriter:
                 .values(**changes, version=func.coalesce(table.c.version, 1) + 1, updated_at=now())
             )
             if result.rowcount != 1:
-                raise CmsError("NOT_FOUND", f"Entry {content_id!r} not found in {slug!r}")
+                raise CmsError(f"Entry {content_id!r} not found in {slug!r}", "NOT_FOUND")
 
     def trash_entry(self, slug: str, content_id: str) -> None:
         with self.engine.connect() as connection:
@@ -336,7 +336,7 @@ def _column_value(table, key: str, value: Any) -> Any:
     """Media objects in TEXT columns are stored as compact JSON text, as EmDash stores them;
     `json` columns take the structure itself (the engine serializes it compactly)."""
     if key not in table.c:
-        raise CmsError("VALIDATION_ERROR", f"Unknown column {key!r} for {table.name}")
+        raise CmsError(f"Unknown column {key!r} for {table.name}", "VALIDATION_ERROR")
     if isinstance(value, (dict, list)) and not isinstance(table.c[key].type, JSON):
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return value
@@ -345,7 +345,7 @@ def _column_value(table, key: str, value: Any) -> Any:
 def load_collection(connection: Connection, slug: str) -> Collection:
     collection_id = collection_id_for_slug(connection, slug)
     if collection_id is None:
-        raise CmsError("COLLECTION_NOT_FOUND", f"Collection {slug!r} not found")
+        raise CmsError(f"Collection {slug!r} not found", "COLLECTION_NOT_FOUND")
     rows = connection.execute(
         select(schema.fields.c.slug, schema.fields.c.type, schema.fields.c.validation)
         .where(schema.fields.c.collection_id == collection_id)

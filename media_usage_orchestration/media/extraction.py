@@ -13,6 +13,7 @@ from typing import Any
 
 from media_usage_orchestration.media.canonical import js_trim
 from media_usage_orchestration.media.fields import ExtractionField
+from media_usage_orchestration.values.records import record_from_row
 
 IMAGE_FIELD = "image_field"
 FILE_FIELD = "file_field"
@@ -62,16 +63,16 @@ class MediaOccurrence:
     def row_values(self) -> dict[str, Any]:
         """Column values for `_emdash_media_usage` (without id, generation and timestamps)."""
         # Every field is a scalar: a shallow copy is what `asdict` would return, far cheaper.
-        return {name: getattr(self, name) for name in _OCCURRENCE_FIELDS}
+        return {name: getattr(self, name) for name in OCCURRENCE_COLUMNS}
 
 
-_OCCURRENCE_FIELDS = tuple(MediaOccurrence.__dataclass_fields__)
+# The value columns of an occurrence row (no id, source key, generation or timestamps).
+OCCURRENCE_COLUMNS = tuple(MediaOccurrence.__dataclass_fields__)
 
 
 def occurrences_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[MediaOccurrence]:
     """Occurrences read back from `_emdash_media_usage` rows (extra columns ignored)."""
-    names = MediaOccurrence.__dataclass_fields__
-    return [MediaOccurrence(**{name: row[name] for name in names}) for row in rows]
+    return [record_from_row(MediaOccurrence, row) for row in rows]
 
 
 @dataclass(frozen=True)

@@ -11,24 +11,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from media_usage_orchestration.values.errors import MediaUsageFieldDiscoveryError
 from media_usage_orchestration.values.identifiers import validate_identifier
 from media_usage_orchestration.values.json_text import parse_json
 
 SUPPORTED_TOP_LEVEL_TYPES = frozenset({"file", "image", "portableText"})
 DISPLAY_FIELD_SLUGS = ("title", "name")
-INVALID_REPEATER_VALIDATION = "INVALID_REPEATER_VALIDATION"
+INVALID_REPEATER_VALIDATION = MediaUsageFieldDiscoveryError.code
 
 # Node's `localeCompare` (ICU root collation) on identifier characters: punctuation before
 # digits before letters, so `a_b` < `a1` < `ab` (code-unit order would put `a1` first).
 _COLLATION_RANK = {char: rank for rank, char in enumerate("_0123456789abcdefghijklmnopqrstuvwxyz")}
-
-
-class MediaUsageFieldDiscoveryError(ValueError):
-    """A field definition that makes media usage undiscoverable; `code` is EmDash's."""
-
-    def __init__(self, message: str, code: str = INVALID_REPEATER_VALIDATION) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from media_usage_orchestration.media.sources import (
     legacy_source_key,
     source_key,
 )
+from media_usage_orchestration.values.errors import DraftRevisionError
 from media_usage_orchestration.values.identifiers import COLLECTION_ID_RESULT, validate_identifier
 from media_usage_orchestration.values.json_text import parse_json
 from media_usage_orchestration.values.source_records import (
@@ -41,16 +42,6 @@ DRAFT_REVISION_MISMATCH = "DRAFT_REVISION_MISMATCH"
 # `Number(string)` for `version` read as text: decimal, or 0x/0o/0b integer literals.
 _JS_DECIMAL_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _JS_RADIX_RE = re.compile(r"0([xX][0-9a-fA-F]+|[oO][0-7]+|[bB][01]+)")
-
-
-class DraftRevisionError(Exception):
-    """The draft revision cannot be overlaid. `source` is the draft source as attempted
-    (descriptive columns, no fingerprint), for recording the failure against it."""
-
-    def __init__(self, code: str, message: str, source: ContentSource) -> None:
-        super().__init__(message)
-        self.code = code
-        self.source = source
 
 
 class SnapshotError(StrEnum):
@@ -336,7 +327,6 @@ def _integral(number: float) -> int | float:
 
 
 __all__ = [
-    "DraftRevisionError",
     "SnapshotError",
     "SnapshotResult",
     "build_columns_source",

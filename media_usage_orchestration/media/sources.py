@@ -46,10 +46,11 @@ class ContentSource:
         error or timestamps: the writer owns those)."""
         # Every column is a scalar: a shallow copy is what `asdict` would give, without
         # deep-copying the occurrences it would then drop.
-        return {name: getattr(self, name) for name in _SOURCE_COLUMN_FIELDS}
+        return {name: getattr(self, name) for name in SOURCE_COLUMNS}
 
 
-_SOURCE_COLUMN_FIELDS = tuple(
+# The descriptive columns of a source, in `ContentSource` order.
+SOURCE_COLUMNS = tuple(
     name
     for name in ContentSource.__dataclass_fields__
     if name not in ("occurrences", "projection_byte_length")

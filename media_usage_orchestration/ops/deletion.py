@@ -31,11 +31,11 @@ from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.deletions import (
     DeletionLease,
-    DeletionLeaseLost,
     DeletionPhase,
     DeletionRepository,
 )
 from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.values.errors import DeletionLeaseLost
 from media_usage_orchestration.values.identifiers import validate_identifier
 
 PHASE_ORDER = tuple(DeletionPhase)

@@ -25,7 +25,8 @@ from dagster._core.execution.plan.outputs import StepOutputHandle
 from media_usage_orchestration.ops.common import is_transient_database_error
 from media_usage_orchestration.processing.run_loop import Paging, PagingEnd
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.values.identifiers import InvalidIdentifierError, validate_identifier
+from media_usage_orchestration.values.errors import InvalidIdentifierError
+from media_usage_orchestration.values.identifiers import validate_identifier
 
 L = TypeVar("L")
 

@@ -20,7 +20,6 @@ from media_usage_orchestration.ops.deletion import tombstone_slug
 from media_usage_orchestration.ops.leased import StepReport, emit, tag_run_collection
 from media_usage_orchestration.processing.operator import (
     MAX_LIMIT,
-    OperatorInputError,
     RetryReport,
     retry_deletion,
     retry_failed_work,
@@ -28,6 +27,7 @@ from media_usage_orchestration.processing.operator import (
     retry_work_item,
 )
 from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.values.errors import OperatorInputError
 
 _OUTCOME_OUT = {"outcome": dg.Out(dg.Nothing, description="What the retry did (see metadata).")}
 

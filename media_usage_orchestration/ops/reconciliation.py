@@ -260,7 +260,7 @@ def drain_collection_work(
             )
         counts = {
             "batches": len(paging.results),
-            "completed": sum(batch.completed_count for batch in paging.results),
+            "completed": sum(batch.counts.completed for batch in paging.results),
         }
         stop_unless_done(paging, **counts)
         return StepReport("drained", paging.lease, counts)
@@ -306,7 +306,7 @@ def scan_sources(
 
 
 def _claimed(batch) -> int:
-    return batch.claimed_count
+    return batch.counts.claimed
 
 
 def _restart_later(engine: Engine, claim: ReconciliationClaim | None) -> NoReturn:

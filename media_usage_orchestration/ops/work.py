@@ -35,10 +35,10 @@ def drain_due_work(
                 database.engine,
                 budget,
                 config.batch_size,
-                progress=progress.counting(lambda batch: batch.claimed_count),
+                progress=progress.counting(lambda batch: batch.counts.claimed),
             )
         record_drained_coverage(context, database.engine, drained, budget.elapsed_seconds())
-    totals = dict(drained.counts)
+    totals = drained.counts.as_dict()
     context.log.info(f"work: {totals} (stopped: {drained.stopped_by.value})")
     # Items that failed for good are their rows' state, not the run's: the run succeeds and
     # says so in its outcome tag, a WARNING and each collection's failing check.

@@ -22,6 +22,7 @@ from media_usage_orchestration.store.core.capture_triggers import (
 )
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.registry import list_collections
+from media_usage_orchestration.values.errors import ActivationError
 
 COLLECTIONS_PER_STEP = 1
 
@@ -39,12 +40,6 @@ class ActivationResult:
     processed_collections: tuple[str, ...] = ()
     collection_cursor: str | None = None
     lease_expires_at: str | None = None
-
-
-class ActivationError(RuntimeError):
-    """An activation step failed; the failure is recorded on the activation row."""
-
-    code = store.ACTIVATION_ERROR_CODE
 
 
 def activate_step(engine: Engine) -> ActivationResult:

@@ -38,10 +38,7 @@ from media_usage_orchestration.store.core.leases import LeaseState, bounded_limi
 from media_usage_orchestration.store.deletions import (
     ROWS_PER_BATCH,
     DeletionClaim,
-    DeletionError,
-    DeletionIdentityConflict,
     DeletionLease,
-    DeletionLeaseLost,
     DeletionPhase,
     DeletionRecord,
     DeletionRepository,
@@ -57,6 +54,10 @@ from media_usage_orchestration.values.errors import (
     CollectionHasContentError,
     CollectionNotFoundError,
     DeletionConflictError,
+    DeletionError,
+    DeletionIdentityConflict,
+    DeletionLeaseLost,
+    DeletionNotReady,
 )
 from media_usage_orchestration.values.identifiers import content_table_name, validate_identifier
 
@@ -68,7 +69,7 @@ LEASE_DURATION_SECONDS = 5 * 60
 MAX_QUERIES_PER_TICK = 30
 REQUEST_FRONT_PHASE_LIMIT = 3
 BACKGROUND_FRONT_PHASE_LIMIT = 1
-DELETION_FAILED = "MEDIA_USAGE_COLLECTION_DELETION_FAILED"
+DELETION_FAILED = DeletionError.code
 
 LeaseHolder = DeletionLease | DeletionClaim
 
@@ -133,12 +134,6 @@ class RequestResult:
     outcome: RequestOutcome
     collection_slug: str
     collection_id: str | None
-
-
-class DeletionNotReady(DeletionError):
-    """Capture is not in a state that lets the deletion be fenced; nothing was removed."""
-
-    code = "MEDIA_USAGE_COLLECTION_DELETION_NOT_READY"
 
 
 # --- the request path -------------------------------------------------------------------------
@@ -615,7 +610,6 @@ __all__ = [
     "MAX_QUERIES_PER_TICK",
     "REQUEST_FRONT_PHASE_LIMIT",
     "ROWS_PER_BATCH",
-    "DeletionNotReady",
     "DeletionTickOutcome",
     "DeletionTickResult",
     "FrontPhaseOutcome",

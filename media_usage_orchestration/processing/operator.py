@@ -33,22 +33,15 @@ from media_usage_orchestration.store.reconciliations import (
 )
 from media_usage_orchestration.store.registry import read_collection_id
 from media_usage_orchestration.store.work import OperatorPage, OperatorWorkItem, WorkRepository
-from media_usage_orchestration.values.cursors import InvalidCursorError, decode_cursor
+from media_usage_orchestration.values.cursors import decode_cursor
+from media_usage_orchestration.values.errors import InvalidCursorError, OperatorInputError
 from media_usage_orchestration.values.identifiers import validate_identifier
 from media_usage_orchestration.values.outcomes import REPORTED_RETRY_OUTCOMES, OperatorRetryOutcome
+from media_usage_orchestration.values.records import record_from_record
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIMIT = 100
 MAX_IDENTITY_LENGTH = 2048
-
-
-class OperatorInputError(ValueError):
-    """Operator input that cannot be acted on; nothing was written. `code` is the spec's API
-    code: VALIDATION_ERROR, INVALID_CURSOR or COLLECTION_NOT_FOUND."""
-
-    def __init__(self, message: str, code: str = "VALIDATION_ERROR") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -66,8 +59,6 @@ class ReconciliationItem:
     last_error_code: str | None
     updated_at: str
 
-
-_RECONCILIATION_ITEM_FIELDS = tuple(field.name for field in dataclasses.fields(ReconciliationItem))
 
 OperatorItem = OperatorWorkItem | OperatorDeletionItem | ReconciliationItem
 
@@ -295,13 +286,7 @@ def retry_deletion(
 
 
 def _reconciliation_item(record: ReconciliationRecord) -> ReconciliationItem:
-    values = dataclasses.asdict(record)
-    found = {name: values[name] for name in _RECONCILIATION_ITEM_FIELDS}
-    found["state"] = LeaseState(found["state"])
-    found["phase"] = ReconciliationPhase(found["phase"])
-    if found["target_epoch"] is not None:
-        found["target_epoch"] = int(found["target_epoch"])
-    return ReconciliationItem(**found)
+    return record_from_record(ReconciliationItem, record)
 
 
 def list_reconciliations(engine: Engine) -> tuple[ReconciliationItem, ...]:
@@ -332,7 +317,6 @@ __all__ = [
     "MAX_LIMIT",
     "BulkRetryReport",
     "CollectionStatus",
-    "OperatorInputError",
     "ReconciliationItem",
     "RetryReport",
     "collection_statuses",

@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from ulid import ULID
 
+from media_usage_orchestration.processing.run_loop import Budget
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.sources.projection_gc import (
     DELETE_BATCH_SIZE,
@@ -117,28 +118,12 @@ def cursor_after_completed(
     return cursor
 
 
-class _Budget:
-    def __init__(self, seconds: float, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._started = clock()
-        self._seconds = seconds
-
-    def allows_statement(self) -> bool:
-        return self.elapsed() < self._seconds
-
-    def elapsed(self) -> float:
-        return max(0.0, self._clock() - self._started)
-
-    def elapsed_ms(self) -> int:
-        return int(self.elapsed() * 1000)
-
-
 @dataclass
 class _Pass:
     repo: ProjectionGcRepository
     claim: GcClaim
     limits: GcLimits
-    budget: _Budget
+    budget: Budget
     counts: dict[str, int] = field(default_factory=dict)
     candidate_count: int = 0
     backlog_lower_bound: int = 0
@@ -149,12 +134,12 @@ class _Pass:
         return self.claim.lease_token
 
     def delete_expired_write_leases(self) -> None:
-        if not self.budget.allows_statement():
+        if self.budget.exhausted():
             return
         expired = self.repo.find_expired_write_leases(
             self.token, self.limits.write_lease_delete_limit
         )
-        if expired and self.budget.allows_statement():
+        if expired and not self.budget.exhausted():
             self.counts["write_leases"] = self.repo.delete_expired_write_leases(self.token, expired)
 
     def reap(self, target: GcTarget, ids: list[str]) -> int:
@@ -164,10 +149,10 @@ class _Pass:
         for batch in [
             ids[i : i + DELETE_BATCH_SIZE] for i in range(0, len(ids), DELETE_BATCH_SIZE)
         ]:
-            if not self.budget.allows_statement():
+            if self.budget.exhausted():
                 break
             self.repo.mark_targets(target, batch, cutoff, self.token)
-            if not self.budget.allows_statement():
+            if self.budget.exhausted():
                 break
             deleted += self.repo.delete_marked_targets(target, batch, cutoff, self.token)
         self.counts[target.value] = deleted
@@ -175,7 +160,7 @@ class _Pass:
 
     def sweep(self) -> tuple[GcCursor | None, bool]:
         """Scan one window and reap it; return the next cursor and whether the sweep ended."""
-        if not self.budget.allows_statement():
+        if self.budget.exhausted():
             return self.claim.cursor, False
         candidates = self.repo.find_candidates(
             self.token, self.claim.scan_before_at, self.claim.cursor, self.limits.candidate_limit
@@ -189,7 +174,7 @@ class _Pass:
             ids = selection.ids[target]
             if not ids:
                 continue
-            if not self.budget.allows_statement():
+            if self.budget.exhausted():
                 break
             if self.reap(target, ids) != len(ids):
                 break
@@ -229,7 +214,7 @@ def run_projection_gc(
     lost before the counters could be recorded; `failed`: a statement raised (recorded with
     MEDIA_USAGE_CLEANUP_FAILED and a backoff)."""
     limits = limits or GcLimits()
-    budget = _Budget(limits.time_budget_seconds, clock)
+    budget = Budget(max_seconds=limits.time_budget_seconds, clock=clock)
     repo = ProjectionGcRepository(engine)
     claim = repo.claim(
         str(ULID()),

@@ -21,7 +21,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
+from media_usage_orchestration.processing.work import (
+    WorkBatchResult,
+    WorkCounts,
+    process_due_batch,
+)
 from media_usage_orchestration.store.core.engine import Engine
 
 L = TypeVar("L")
@@ -50,6 +54,9 @@ class Budget:
 
     def elapsed_seconds(self) -> float:
         return self.clock() - self.started
+
+    def elapsed_ms(self) -> int:
+        return int(max(0.0, self.elapsed_seconds()) * 1000)
 
     @property
     def remaining_steps(self) -> int | None:
@@ -137,8 +144,6 @@ def page_until_done(
 
 # --- the work drain ---------------------------------------------------------------------------
 
-WORK_COUNTS = ("claimed", "completed", "retry", "failed", "superseded", "obsolete", "claim_lost")
-
 
 class WorkDrainEnd(StrEnum):
     NOTHING_DUE = "nothing_due"
@@ -149,7 +154,7 @@ class WorkDrainEnd(StrEnum):
 @dataclass(frozen=True)
 class WorkDrain:
     stopped_by: WorkDrainEnd
-    counts: Mapping[str, int]  # every name of WORK_COUNTS, summed over the batches
+    counts: WorkCounts  # summed over the batches
     # (collection id, slug) -> items of that collection completed
     completed_by_collection: Mapping[tuple[str, str], int]
     # (collection id, slug) -> items of that collection failed for good
@@ -170,7 +175,7 @@ def drain_due_work(
     """Batches of due work, each at most `batch_size` and what is left of the budget's steps
     (items claimed), until nothing is due, capture is inactive or the budget is spent;
     `progress` is told each batch's result."""
-    counts = dict.fromkeys(WORK_COUNTS, 0)
+    counts = WorkCounts()
     completed: Counter[tuple[str, str]] = Counter()
     failed: Counter[tuple[str, str]] = Counter()
     while not budget.exhausted():
@@ -180,24 +185,18 @@ def drain_due_work(
         )
         if batch.inactive:
             return WorkDrain(WorkDrainEnd.INACTIVE, counts, completed, failed)
-        _add(counts, batch)
+        counts += batch.counts
         completed.update(batch.completed_by_collection)
         failed.update(batch.failed_by_collection)
         if progress is not None:
             progress(batch)
-        budget.charge(batch.claimed_count)
-        if batch.claimed_count == 0:
+        budget.charge(batch.counts.claimed)
+        if batch.counts.claimed == 0:
             return WorkDrain(WorkDrainEnd.NOTHING_DUE, counts, completed, failed)
     return WorkDrain(WorkDrainEnd.BUDGET, counts, completed, failed)
 
 
-def _add(counts: dict[str, int], batch: WorkBatchResult) -> None:
-    for name in WORK_COUNTS:
-        counts[name] += getattr(batch, f"{name}_count")
-
-
 __all__ = [
-    "WORK_COUNTS",
     "Budget",
     "Page",
     "Paging",

@@ -19,7 +19,7 @@ from media_usage_orchestration.media.sources import (
     CONTENT_SOURCE_SCHEMA_VERSION,
     DRAFT_OVERLAY,
 )
-from media_usage_orchestration.processing.operator import OperatorInputError, listing_limit
+from media_usage_orchestration.processing.operator import listing_limit
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.sources.usage import (
     CoverageScope,
@@ -29,11 +29,11 @@ from media_usage_orchestration.store.sources.usage import (
     UsageRepository,
     UsageRow,
 )
-from media_usage_orchestration.values.cursors import (
+from media_usage_orchestration.values.cursors import PageCursor, decode_cursor, encode_cursor
+from media_usage_orchestration.values.errors import (
+    CoverageIncomplete,
     InvalidCursorError,
-    PageCursor,
-    decode_cursor,
-    encode_cursor,
+    OperatorInputError,
 )
 
 DEFAULT_USAGE_LIMIT = 50
@@ -44,11 +44,6 @@ NOT_INDEXED = (
 )
 REFERENCE_TYPES = ("image_field", "file_field", "portable_text_image")
 VARIANT_LABELS = {COLUMNS: "published", DRAFT_OVERLAY: "draft"}
-
-
-class CoverageIncomplete(Exception):
-    """An answer that needs complete coverage was asked for while it is not (a problem, not bad
-    input: exit 1)."""
 
 
 def coverage_status(scope: CoverageScope) -> str:

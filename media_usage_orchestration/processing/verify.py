@@ -20,46 +20,29 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from media_usage_orchestration.media.fields import FieldDiscovery, MediaUsageFieldDiscoveryError
+from media_usage_orchestration.media.extraction import OCCURRENCE_COLUMNS
+from media_usage_orchestration.media.fields import FieldDiscovery
 from media_usage_orchestration.media.snapshots import SnapshotResult, build_content_snapshots
-from media_usage_orchestration.media.sources import ContentSource
+from media_usage_orchestration.media.sources import SOURCE_COLUMNS, ContentSource
 from media_usage_orchestration.processing.content_reads import load_fields
 from media_usage_orchestration.store import audit
 from media_usage_orchestration.store.content import content_rows_query
 from media_usage_orchestration.store.core.engine import Connection, Engine
 from media_usage_orchestration.store.reconciliations import PROCESSING_FAILED_CODE
-from media_usage_orchestration.values.identifiers import InvalidIdentifierError
+from media_usage_orchestration.values.errors import (
+    InvalidIdentifierError,
+    MediaUsageFieldDiscoveryError,
+)
 from media_usage_orchestration.values.source_records import SourceRow
 
 ENTRY_PAGE_SIZE = 200
-COMPARED_SOURCE_COLUMNS = (
-    "source_type",
-    "collection_id",
-    "collection_slug",
-    "content_id",
-    "source_variant",
-    "locale",
-    "translation_group",
-    "content_slug",
-    "content_title",
-    "content_status",
-    "content_scheduled_at",
-    "content_deleted_at",
-    "revision_id",
-    "schema_version",
-    "identity_version",
+# Compared column by column: every descriptive column of a source but its key (sources are
+# matched by it), its fingerprint (a drift kind of its own), and the entry's version and time,
+# which may lag behind (not drift: see above).
+_NOT_COMPARED = frozenset(
+    {"source_key", "source_fingerprint", "source_updated_at", "source_version"}
 )
-OCCURRENCE_COLUMNS = (
-    "field_slug",
-    "field_path",
-    "occurrence_index",
-    "reference_type",
-    "media_id",
-    "provider",
-    "provider_asset_id",
-    "media_kind",
-    "mime_type",
-)
+COMPARED_SOURCE_COLUMNS = tuple(name for name in SOURCE_COLUMNS if name not in _NOT_COMPARED)
 
 
 class DriftKind(StrEnum):
@@ -181,7 +164,7 @@ class _CollectionCheck:
 
     def stored_sources(self, content_ids: Sequence[str]) -> dict[str, SourceRow]:
         rows = audit.canonical_source_rows(self.connection, self.collection_id, content_ids)
-        return {row["source_key"]: SourceRow.from_mapping(row) for row in rows}
+        return {row["source_key"]: SourceRow.from_row(row) for row in rows}
 
     def stored_occurrences(self, content_ids: Sequence[str]) -> dict[str, Counter]:
         rows = audit.current_occurrence_rows(

@@ -46,13 +46,13 @@ statements either way, so each result is one a one-by-one run can produce.
 
 from __future__ import annotations
 
+import operator
 import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field, replace
 from enum import StrEnum
-from typing import TypeVar
 
 from media_usage_orchestration.processing.batch_projection import refresh_contents_for_work
 from media_usage_orchestration.processing.projection import (
@@ -86,9 +86,6 @@ _WORK_ERROR_CODES = {
 }
 
 
-Result = TypeVar("Result")
-
-
 class WorkOutcome(StrEnum):
     INACTIVE = "inactive"
     NOT_DUE = "not_due"
@@ -116,37 +113,36 @@ _CLAIMED_OUTCOMES = frozenset(
 
 
 @dataclass(frozen=True)
-class OutcomeCounts:
-    claimed_count: int = 0
-    completed_count: int = 0
-    retry_count: int = 0
-    failed_count: int = 0
-    superseded_count: int = 0
-    obsolete_count: int = 0
-    claim_lost_count: int = 0
+class WorkCounts:
+    """What became of the jobs a tick, a batch or a drain handled; `as_dict` names them as run
+    metadata and logs do."""
+
+    claimed: int = 0
+    completed: int = 0
+    retry: int = 0
+    failed: int = 0
+    superseded: int = 0
+    obsolete: int = 0
+    claim_lost: int = 0
 
     @classmethod
-    def of(cls, outcomes: Iterable[WorkOutcome]) -> OutcomeCounts:
+    def of(cls, outcomes: Iterable[WorkOutcome]) -> WorkCounts:
         tally = Counter(outcomes)
         return cls(
-            claimed_count=sum(n for outcome, n in tally.items() if outcome.claimed),
-            completed_count=tally[WorkOutcome.COMPLETED],
-            retry_count=tally[WorkOutcome.RETRY],
-            failed_count=tally[WorkOutcome.FAILED],
-            superseded_count=tally[WorkOutcome.SUPERSEDED],
-            obsolete_count=tally[WorkOutcome.OBSOLETE],
-            claim_lost_count=tally[WorkOutcome.CLAIM_LOST],
+            claimed=sum(n for outcome, n in tally.items() if outcome.claimed),
+            completed=tally[WorkOutcome.COMPLETED],
+            retry=tally[WorkOutcome.RETRY],
+            failed=tally[WorkOutcome.FAILED],
+            superseded=tally[WorkOutcome.SUPERSEDED],
+            obsolete=tally[WorkOutcome.OBSOLETE],
+            claim_lost=tally[WorkOutcome.CLAIM_LOST],
         )
 
-    def into(self, result_type: type[Result], **fields: object) -> Result:
-        """A `result_type` carrying every count it has a field for; `fields` set the rest
-        (and win over a count of the same name)."""
-        counts = {
-            name: value
-            for name, value in asdict(self).items()
-            if name in result_type.__dataclass_fields__
-        }
-        return result_type(**{**counts, **fields})
+    def __add__(self, other: WorkCounts) -> WorkCounts:
+        return WorkCounts(*map(operator.add, astuple(self), astuple(other)))
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -154,12 +150,7 @@ class WorkTickResult:
     """One EmDash tick: inspect up to 4 due jobs, process until 1 is claimed or 5 s pass."""
 
     candidate_count: int = 0
-    claimed_count: int = 0
-    completed_count: int = 0
-    retry_count: int = 0
-    failed_count: int = 0
-    superseded_count: int = 0
-    obsolete_count: int = 0
+    counts: WorkCounts = WorkCounts()
     duration_ms: int = 0
     admission_closed: bool = False
 
@@ -169,13 +160,7 @@ class WorkBatchResult:
     """One batch: the rows claimed in one statement and what became of each."""
 
     inactive: bool = False
-    claimed_count: int = 0
-    completed_count: int = 0
-    retry_count: int = 0
-    failed_count: int = 0
-    superseded_count: int = 0
-    obsolete_count: int = 0
-    claim_lost_count: int = 0
+    counts: WorkCounts = WorkCounts()
     duration_ms: int = 0
     # (collection id, slug) -> items of that collection completed by this batch
     completed_by_collection: Mapping[tuple[str, str], int] = field(default_factory=dict)
@@ -307,9 +292,9 @@ def process_due_work(engine: Engine, clock: Callable[[], float] = time.monotonic
             admission_closed = True
             break
         outcomes.append(process_candidate(engine, candidate))
-    return OutcomeCounts.of(outcomes).into(
-        WorkTickResult,
+    return WorkTickResult(
         candidate_count=len(candidates),
+        counts=WorkCounts.of(outcomes),
         duration_ms=_elapsed_ms(clock, started),
         admission_closed=admission_closed,
     )
@@ -350,10 +335,9 @@ def process_due_batch(
         identity = (group[0].collection_id, group[0].collection_slug)
         completed_by_collection[identity] += group_outcomes.count(WorkOutcome.COMPLETED)
         failed_by_collection[identity] += group_outcomes.count(WorkOutcome.FAILED)
-    # Every claimed row counts, claim-lost ones included (they were claimed by this batch).
-    return OutcomeCounts.of(outcomes).into(
-        WorkBatchResult,
-        claimed_count=len(claimed),
+    return WorkBatchResult(
+        # Every claimed row counts, claim-lost ones included (they were claimed by this batch).
+        counts=replace(WorkCounts.of(outcomes), claimed=len(claimed)),
         duration_ms=_elapsed_ms(clock, started),
         completed_by_collection={key: n for key, n in completed_by_collection.items() if n},
         failed_by_collection={key: n for key, n in failed_by_collection.items() if n},
@@ -442,8 +426,8 @@ __all__ = [
     "JOBS_PER_TICK",
     "LEASE_DURATION_SECONDS",
     "ORDINARY_STATEMENTS_PER_JOB",
-    "OutcomeCounts",
     "WorkBatchResult",
+    "WorkCounts",
     "WorkOutcome",
     "WorkTickResult",
     "capture_is_active",

@@ -26,15 +26,16 @@ from media_usage_orchestration.store.core.schema import (
     collections,
     index_status,
 )
-from media_usage_orchestration.values.errors import ActivationInProgressError
+from media_usage_orchestration.values.errors import (
+    ActivationError,
+    ActivationGenerationError,
+    ActivationInProgressError,
+)
+from media_usage_orchestration.values.records import record_from_row
 
 RUNTIME_GENERATION = 1
 ACTIVATION_LEASE_SECONDS = 5 * 60
-ACTIVATION_ERROR_CODE = "MEDIA_USAGE_ACTIVATION_FAILED"
-
-
-class ActivationGenerationError(RuntimeError):
-    """The database was activated by an incompatible runtime generation."""
+ACTIVATION_ERROR_CODE = ActivationError.code
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def read_activation(connection: Connection, *, share_lock: bool = False) -> Acti
         return None
     if row["runtime_generation"] != RUNTIME_GENERATION:
         raise ActivationGenerationError("Media usage activation runtime generation mismatch")
-    return ActivationRow(**{field: row[field] for field in ActivationRow.__dataclass_fields__})
+    return record_from_row(ActivationRow, row)
 
 
 def capture_active(connection: Connection) -> bool:
@@ -157,7 +158,7 @@ def claim_activation(connection: Connection) -> tuple[str, ActivationRow] | None
     )
     if row is None:
         return None
-    return token, ActivationRow(**{f: row[f] for f in ActivationRow.__dataclass_fields__})
+    return token, record_from_row(ActivationRow, row)
 
 
 def lease_is_live(connection: Connection, lease_token: str) -> bool:

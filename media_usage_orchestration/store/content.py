@@ -12,28 +12,22 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Select, column, select, table
 
-from media_usage_orchestration.store.core.schema import collections, fields, narrow, revisions
+from media_usage_orchestration.store.core.schema import (
+    SYSTEM_COLUMNS,
+    collections,
+    fields,
+    narrow,
+    revisions,
+)
 from media_usage_orchestration.values.identifiers import (
     COLLECTION_ID_RESULT,
     content_table_name,
     validate_identifier,
 )
 
-CONTENT_SYSTEM_COLUMNS = (
-    "id",
-    "slug",
-    "status",
-    "created_at",
-    "updated_at",
-    "published_at",
-    "scheduled_at",
-    "deleted_at",
-    "version",
-    "live_revision_id",
-    "draft_revision_id",
-    "locale",
-    "translation_group",
-)
+# Authorship is never projected, so content reads leave it out.
+_AUTHORSHIP_COLUMNS = frozenset({"author_id", "primary_byline_id"})
+CONTENT_SYSTEM_COLUMNS = tuple(name for name in SYSTEM_COLUMNS if name not in _AUTHORSHIP_COLUMNS)
 # The label under which a content row read carries its registry row's id.
 _REGISTRY = narrow(collections, "id", "slug")
 

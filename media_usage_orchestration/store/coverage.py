@@ -16,9 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, case, column, func, literal, null, select, table
 
-from media_usage_orchestration.store.core.clock import is_due
 from media_usage_orchestration.store.core.engine import read_transaction
-from media_usage_orchestration.store.core.leases import LeaseState
+from media_usage_orchestration.store.core.leases import LeaseState, lease_has_expired
 from media_usage_orchestration.store.core.predicates import is_content_collection_status
 from media_usage_orchestration.store.core.schema import (
     collections,
@@ -28,7 +27,9 @@ from media_usage_orchestration.store.core.schema import (
     work,
 )
 from media_usage_orchestration.store.reconciliations import PROCESSING_FAILED_CODE
-from media_usage_orchestration.values.identifiers import InvalidIdentifierError, content_table_name
+from media_usage_orchestration.values.errors import InvalidIdentifierError
+from media_usage_orchestration.values.identifiers import content_table_name
+from media_usage_orchestration.values.records import optional, record_from_row
 from media_usage_orchestration.values.source_records import (
     CANONICAL_IDENTITY_VERSION,
     SOURCE_TYPE_CONTENT,
@@ -93,8 +94,8 @@ def _registry_with_status():
         is_content_collection_status(), index_status.c.scope_key == collections.c.slug
     )
     return select(
-        collections.c.id,
-        collections.c.slug,
+        collections.c.id.label("collection_id"),
+        collections.c.slug.label("collection_slug"),
         index_status.c.capture_state,
         index_status.c.status,
         index_status.c.change_epoch,
@@ -106,33 +107,29 @@ def _registry_with_status():
 
 
 def _coverage(connection: Connection, row: Any) -> CollectionCoverage:
-    work_counts, stuck_work, failed_codes = _work_counts(connection, row.id)
-    source_count, occurrence_count = _index_counts(connection, row.id)
-    required = row.reconciliation_required
+    work_counts, stuck_work, failed_codes = _work_counts(connection, row.collection_id)
+    source_count, occurrence_count = _index_counts(connection, row.collection_id)
     try:
-        entries, problem = _entry_count(connection, row.slug), None
+        entries, problem = _entry_count(connection, row.collection_slug), None
     except InvalidIdentifierError as error:
         # A registry row the CMS would refuse: reported, and the other collections listed.
         entries, problem = None, str(error)
-    return CollectionCoverage(
-        collection_id=row.id,
-        collection_slug=row.slug,
-        capture_state=row.capture_state,
-        status=row.status,
-        change_epoch=int(row.change_epoch) if row.change_epoch is not None else None,
-        reconciliation_required=bool(required) if required is not None else None,
-        entries=entries,
-        sources=source_count,
-        occurrences=occurrence_count,
-        pending_work=sum(n for state, n in work_counts.items() if state != LeaseState.FAILED),
-        failed_work=work_counts.get(LeaseState.FAILED.value, 0),
-        last_error_code=row.last_error_code,
-        started_at=row.started_at,
-        completed_at=row.completed_at,
-        problem_code=PROCESSING_FAILED_CODE if problem else None,
-        problem=problem,
-        stuck_work=stuck_work,
-        failed_work_codes=failed_codes,
+    counted = {
+        "entries": entries,
+        "sources": source_count,
+        "occurrences": occurrence_count,
+        "pending_work": sum(n for state, n in work_counts.items() if state != LeaseState.FAILED),
+        "failed_work": work_counts.get(LeaseState.FAILED.value, 0),
+        "problem_code": PROCESSING_FAILED_CODE if problem else None,
+        "problem": problem,
+        "stuck_work": stuck_work,
+        "failed_work_codes": failed_codes,
+    }
+    return record_from_row(
+        CollectionCoverage,
+        {**row._mapping, **counted},
+        change_epoch=optional(int),
+        reconciliation_required=optional(bool),
     )
 
 
@@ -150,11 +147,7 @@ def _work_counts(
     """Work rows per state, the stuck ones among them, and the failed ones per error code, in
     one statement."""
     state = work.c.state
-    stuck = and_(
-        state == LeaseState.LEASED.value,
-        work.c.lease_expires_at.is_not(None),
-        is_due(work.c.lease_expires_at),
-    )
+    stuck = and_(state == LeaseState.LEASED.value, lease_has_expired(work))
     is_stuck = case((stuck, literal(1)), else_=literal(0)).label("stuck")
     failed_code = case(
         (state == LeaseState.FAILED.value, work.c.last_error_code), else_=null()

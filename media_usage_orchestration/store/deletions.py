@@ -14,10 +14,11 @@ trusting the caller's snapshot, and an explicit `_emdash_fields` delete in the r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
 from sqlalchemy import (
     Connection,
@@ -77,6 +78,11 @@ from media_usage_orchestration.store.core.schema import (
 )
 from media_usage_orchestration.store.registry import collection_identity_exists
 from media_usage_orchestration.values.cursors import decode_cursor, encode_cursor
+from media_usage_orchestration.values.errors import (
+    DeletionCleanupIncomplete,
+    DeletionIdentityConflict,
+    DeletionLeaseLost,
+)
 from media_usage_orchestration.values.identifiers import (
     content_table_name,
     quote_identifier,
@@ -85,6 +91,7 @@ from media_usage_orchestration.values.identifiers import (
     validate_identifier,
 )
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.records import record_from_record, record_from_row
 from media_usage_orchestration.values.source_records import SOURCE_TYPE_CONTENT
 
 ROWS_PER_BATCH = 50
@@ -92,8 +99,6 @@ MAX_PAGE_LIMIT = 100
 DEFAULT_OPERATOR_LIMIT = 50
 FTS_TABLE_PREFIX = "_emdash_fts_"
 FTS_TRIGGER_SUFFIXES = ("insert", "update", "delete")
-
-_t = collection_deletions
 
 
 class DeletionPhase(StrEnum):
@@ -126,24 +131,6 @@ class GuardOutcome(StrEnum):
     DROPPED = "dropped"
 
 
-class DeletionError(RuntimeError):
-    """A refused deletion step; `code` is stable."""
-
-    code = "MEDIA_USAGE_COLLECTION_DELETION_FAILED"
-
-
-class DeletionIdentityConflict(DeletionError):
-    code = "MEDIA_USAGE_COLLECTION_DELETION_IDENTITY_CONFLICT"
-
-
-class DeletionLeaseLost(DeletionError):
-    code = "MEDIA_USAGE_COLLECTION_DELETION_LEASE_LOST"
-
-
-class DeletionCleanupIncomplete(DeletionError):
-    code = "MEDIA_USAGE_COLLECTION_DELETION_INCOMPLETE"
-
-
 @dataclass(frozen=True)
 class DeletionRecord:
     collection_id: str
@@ -161,6 +148,10 @@ class DeletionRecord:
     last_error_code: str | None
     created_at: str
     updated_at: str
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        return record_from_row(cls, row, **_ROW_CONVERTERS)
 
 
 @dataclass(frozen=True)
@@ -193,6 +184,10 @@ class OperatorDeletionItem:
     lease_expires_at: str | None
     last_error_code: str | None
     updated_at: str
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> OperatorDeletionItem:
+        return record_from_record(cls, DeletionRecord.from_row(row))
 
 
 @dataclass(frozen=True)
@@ -245,6 +240,13 @@ def _phase(value: object) -> DeletionPhase:
     return parse_choice(DeletionPhase, value, "collection deletion phase")
 
 
+_ROW_CONVERTERS = {
+    "force_delete": bool,
+    "state": functools.partial(parse_lease_state, label="collection deletion"),
+    "phase": _phase,
+}
+
+
 def _lease_seconds(value: int) -> int:
     return validate_duration(value, "Collection deletion lease duration", allow_zero=False)
 
@@ -252,45 +254,6 @@ def _lease_seconds(value: int) -> int:
 def _batch_size(value: int) -> int:
     return bounded_limit(
         value, 1, ROWS_PER_BATCH, f"Collection deletion batch must be from 1 to {ROWS_PER_BATCH}"
-    )
-
-
-# --- row mapping ------------------------------------------------------------------------------
-
-
-def _to_record(row: Any) -> DeletionRecord:
-    values = dict(row._mapping)
-    return DeletionRecord(
-        collection_id=values["collection_id"],
-        collection_slug=values["collection_slug"],
-        force_delete=bool(values["force_delete"]),
-        state=parse_lease_state(values["state"], "collection deletion"),
-        phase=_phase(values["phase"]),
-        work_cursor=values["work_cursor"],
-        source_key=values["source_key"],
-        occurrence_cursor=values["occurrence_cursor"],
-        attempt_count=values["attempt_count"],
-        next_attempt_at=values["next_attempt_at"],
-        lease_token=values["lease_token"],
-        lease_expires_at=values["lease_expires_at"],
-        last_error_code=values["last_error_code"],
-        created_at=values["created_at"],
-        updated_at=values["updated_at"],
-    )
-
-
-def _to_operator_item(row: Any) -> OperatorDeletionItem:
-    record = _to_record(row)
-    return OperatorDeletionItem(
-        collection_id=record.collection_id,
-        collection_slug=record.collection_slug,
-        state=record.state,
-        phase=record.phase,
-        attempt_count=record.attempt_count,
-        next_attempt_at=record.next_attempt_at,
-        lease_expires_at=record.lease_expires_at,
-        last_error_code=record.last_error_code,
-        updated_at=record.updated_at,
     )
 
 
@@ -302,7 +265,7 @@ def holds_deletion_lease(
     *,
     phase: DeletionPhase | None = None,
     collection_slug: str | None = None,
-    tombstone=_t,
+    tombstone=collection_deletions,
 ) -> ColumnElement[bool]:
     """The tombstone is leased to exactly this token and the lease is live on the clock."""
     conditions = [
@@ -322,7 +285,7 @@ def deletion_lease_is_live(
     lease: DeletionLease, *, phase: DeletionPhase | None = None, collection_slug: str | None = None
 ) -> ColumnElement[bool]:
     """EXISTS form of `holds_deletion_lease`, for writes to other tables."""
-    deletion = _t.alias("deletion")
+    deletion = collection_deletions.alias("deletion")
     guard = holds_deletion_lease(
         lease, phase=phase, collection_slug=collection_slug, tombstone=deletion
     )
@@ -344,7 +307,7 @@ def find_due_statement(limit: int) -> Select:
     limit = bounded_limit(
         limit, 1, MAX_PAGE_LIMIT, "Collection deletion candidate limit must be from 1 to 100"
     )
-    return due_candidates_statement(_t, limit)
+    return due_candidates_statement(collection_deletions, limit)
 
 
 def _update_deletion(
@@ -352,7 +315,7 @@ def _update_deletion(
 ) -> None:
     """A back-phase checkpoint: progress resets the failure count; 0 rows means we lost."""
     result = connection.execute(
-        update(_t)
+        update(collection_deletions)
         .where(holds_deletion_lease(lease, phase=in_phase))
         .values(**values, attempt_count=0, last_error_code=None, updated_at=now())
     )
@@ -365,11 +328,13 @@ def _lock_leased_tombstone(
 ) -> DeletionRecord:
     """Read the step's own cursors under the lease; PostgreSQL serializes holders of one token."""
     row = connection.execute(
-        select(_t).where(holds_deletion_lease(lease, phase=phase)).with_for_update()
+        select(collection_deletions)
+        .where(holds_deletion_lease(lease, phase=phase))
+        .with_for_update()
     ).first()
     if row is None:
         raise DeletionLeaseLost("Collection deletion lease was lost")
-    return _to_record(row)
+    return DeletionRecord.from_row(row._mapping)
 
 
 def _cleanup_rows_remain(
@@ -426,7 +391,7 @@ class DeletionRepository:
         try:
             with self.engine.begin() as connection:
                 connection.execute(
-                    dialect_insert(connection, _t)
+                    dialect_insert(connection, collection_deletions)
                     .values(
                         collection_id=collection_id,
                         collection_slug=collection_slug,
@@ -436,17 +401,19 @@ class DeletionRepository:
                         next_attempt_at=now(),
                         updated_at=now(),
                     )
-                    .on_conflict_do_nothing(index_elements=[_t.c.collection_id])
+                    .on_conflict_do_nothing(index_elements=[collection_deletions.c.collection_id])
                 )
                 row = connection.execute(
-                    select(_t).where(_t.c.collection_id == collection_id)
+                    select(collection_deletions).where(
+                        collection_deletions.c.collection_id == collection_id
+                    )
                 ).one()
         except IntegrityError as error:
             # The UNIQUE slug is the slug lock: another collection id already holds it.
             raise DeletionIdentityConflict(
                 "Collection deletion tombstone identity conflicts with existing work"
             ) from error
-        record = _to_record(row)
+        record = DeletionRecord.from_row(row._mapping)
         if record.collection_slug != collection_slug or record.force_delete != force_delete:
             raise DeletionIdentityConflict(
                 "Collection deletion tombstone identity conflicts with existing work"
@@ -462,21 +429,23 @@ class DeletionRepository:
         lease_token = str(ULID())
         with self.engine.begin() as connection:
             row = connection.execute(
-                update(_t)
-                .where(_t.c.collection_id == collection_id, _t.c.phase == phase.value)
-                .where(is_claimable(_t))
+                update(collection_deletions)
+                .where(
+                    collection_deletions.c.collection_id == collection_id,
+                    collection_deletions.c.phase == phase.value,
+                )
+                .where(is_claimable(collection_deletions))
                 .values(
                     state=LeaseState.LEASED.value,
                     lease_token=lease_token,
                     lease_expires_at=timestamp_offset(lease_seconds),
                     updated_at=now(),
                 )
-                .returning(*_t.c)
+                .returning(*collection_deletions.c)
             ).first()
         if row is None:
             return None
-        record = _to_record(row)
-        return DeletionClaim(**{**vars(record), "lease_token": lease_token})
+        return DeletionClaim.from_row(row._mapping)
 
     def renew_lease(self, lease: LeaseHolder, lease_seconds: int) -> str | None:
         """Extend a still-live lease held by this token; None once it expired or moved on."""
@@ -484,10 +453,10 @@ class DeletionRepository:
         lease_seconds = _lease_seconds(lease_seconds)
         with self.engine.begin() as connection:
             return connection.execute(
-                update(_t)
+                update(collection_deletions)
                 .where(holds_deletion_lease(lease))
                 .values(lease_expires_at=timestamp_offset(lease_seconds), updated_at=now())
-                .returning(_t.c.lease_expires_at)
+                .returning(collection_deletions.c.lease_expires_at)
             ).scalar()
 
     # -- reads ---------------------------------------------------------------------------------
@@ -497,19 +466,25 @@ class DeletionRepository:
         try:
             with read_transaction(self.engine) as connection:
                 row = connection.execute(
-                    select(_t).where(_t.c.collection_slug == collection_slug)
+                    select(collection_deletions).where(
+                        collection_deletions.c.collection_slug == collection_slug
+                    )
                 ).first()
         except DBAPIError as error:
             if is_missing_table(error):
                 return None
             raise
-        return _to_record(row) if row is not None else None
+        return DeletionRecord.from_row(row._mapping) if row is not None else None
 
     def find(self, collection_id: str) -> DeletionRecord | None:
         require_text(collection_id, "Collection deletion requires a collection ID")
         with read_transaction(self.engine) as connection:
-            row = connection.execute(select(_t).where(_t.c.collection_id == collection_id)).first()
-        return _to_record(row) if row is not None else None
+            row = connection.execute(
+                select(collection_deletions).where(
+                    collection_deletions.c.collection_id == collection_id
+                )
+            ).first()
+        return DeletionRecord.from_row(row._mapping) if row is not None else None
 
     def is_slug_deleting(self, collection_slug: str) -> bool:
         return is_slug_deleting(self.engine, collection_slug)
@@ -517,7 +492,7 @@ class DeletionRepository:
     def find_due(self, limit: int) -> list[DeletionRecord]:
         statement = find_due_statement(limit)
         with read_transaction(self.engine) as connection:
-            return [_to_record(row) for row in connection.execute(statement)]
+            return [DeletionRecord.from_row(row._mapping) for row in connection.execute(statement)]
 
     def find_operator_page(
         self,
@@ -530,23 +505,23 @@ class DeletionRepository:
             limit, 1, MAX_PAGE_LIMIT, "Collection deletion operator limit must be from 1 to 100"
         )
         position = decode_cursor(cursor) if cursor is not None else None
-        statement = select(_t).where(_t.c.state == state.value)
+        statement = select(collection_deletions).where(collection_deletions.c.state == state.value)
         if position is not None:
             statement = statement.where(
                 or_(
-                    _t.c.updated_at < position.order_value,
+                    collection_deletions.c.updated_at < position.order_value,
                     and_(
-                        _t.c.updated_at == position.order_value,
-                        _t.c.collection_id < position.id,
+                        collection_deletions.c.updated_at == position.order_value,
+                        collection_deletions.c.collection_id < position.id,
                     ),
                 )
             )
-        statement = statement.order_by(_t.c.updated_at.desc(), _t.c.collection_id.desc()).limit(
-            limit + 1
-        )
+        statement = statement.order_by(
+            collection_deletions.c.updated_at.desc(), collection_deletions.c.collection_id.desc()
+        ).limit(limit + 1)
         with read_transaction(self.engine) as connection:
             rows = connection.execute(statement).all()
-        items = tuple(_to_operator_item(row) for row in rows[:limit])
+        items = tuple(OperatorDeletionItem.from_row(row._mapping) for row in rows[:limit])
         next_cursor = None
         if len(rows) > limit and items:
             next_cursor = encode_cursor(items[-1].updated_at, items[-1].collection_id)
@@ -558,7 +533,9 @@ class DeletionRepository:
         require_text(collection_id, "Collection deletion retry requires an ID")
         with self.engine.begin() as connection:
             observed = connection.execute(
-                select(_t).where(_t.c.collection_id == collection_id)
+                select(collection_deletions).where(
+                    collection_deletions.c.collection_id == collection_id
+                )
             ).first()
             if observed is None:
                 return DeletionRetryResult(OperatorRetryOutcome.NOT_FOUND)
@@ -568,8 +545,11 @@ class DeletionRepository:
                     OperatorRetryOutcome.LEASE_ACTIVE, lease_expires_at=live_expiry
                 )
             reopened = connection.execute(
-                update(_t)
-                .where(_t.c.collection_id == collection_id, is_reopenable_by_operator(_t))
+                update(collection_deletions)
+                .where(
+                    collection_deletions.c.collection_id == collection_id,
+                    is_reopenable_by_operator(collection_deletions),
+                )
                 .values(
                     state=LeaseState.PENDING.value,
                     attempt_count=0,
@@ -579,12 +559,14 @@ class DeletionRepository:
                     last_error_code=None,
                     updated_at=now(),
                 )
-                .returning(*_t.c)
+                .returning(*collection_deletions.c)
             ).first()
         if reopened is None:
             return DeletionRetryResult(OperatorRetryOutcome.CONFLICT)
         return DeletionRetryResult(
-            OperatorRetryOutcome.PENDING, changed=True, item=_to_operator_item(reopened)
+            OperatorRetryOutcome.PENDING,
+            changed=True,
+            item=OperatorDeletionItem.from_row(reopened._mapping),
         )
 
     @staticmethod
@@ -592,10 +574,10 @@ class DeletionRepository:
         if observed.state != LeaseState.LEASED.value or not observed.lease_expires_at:
             return None
         return connection.execute(
-            select(_t.c.lease_expires_at).where(
-                _t.c.collection_id == observed.collection_id,
-                _t.c.state == LeaseState.LEASED.value,
-                lease_live_at_clock(_t.c.lease_expires_at),
+            select(collection_deletions.c.lease_expires_at).where(
+                collection_deletions.c.collection_id == observed.collection_id,
+                collection_deletions.c.state == LeaseState.LEASED.value,
+                lease_live_at_clock(collection_deletions.c.lease_expires_at),
             )
         ).scalar()
 
@@ -610,7 +592,7 @@ class DeletionRepository:
         lease = _lease_identity(lease)
         from_phase, to_phase = _phase(from_phase), _phase(to_phase)
         return self._guarded_update(
-            update(_t)
+            update(collection_deletions)
             .where(holds_deletion_lease(lease, phase=from_phase))
             .values(phase=to_phase.value, attempt_count=0, last_error_code=None, updated_at=now())
         )
@@ -619,7 +601,7 @@ class DeletionRepository:
         """Hand the tombstone back as pending and due now: the next phase may start at once."""
         lease = _lease_identity(lease)
         return self._guarded_update(
-            update(_t)
+            update(collection_deletions)
             .where(holds_deletion_lease(lease))
             .values(
                 state=LeaseState.PENDING.value,
@@ -636,7 +618,9 @@ class DeletionRepository:
         """The collection kept its content: drop the tombstone, only while still in `fence`."""
         lease = _lease_identity(lease)
         return self._guarded_update(
-            delete(_t).where(holds_deletion_lease(lease, phase=DeletionPhase.FENCE))
+            delete(collection_deletions).where(
+                holds_deletion_lease(lease, phase=DeletionPhase.FENCE)
+            )
         )
 
     def record_failure(
@@ -650,11 +634,11 @@ class DeletionRepository:
         )
         state = LeaseState.FAILED if terminal else LeaseState.RETRY
         return self._guarded_update(
-            update(_t)
+            update(collection_deletions)
             .where(holds_deletion_lease(lease))
             .values(
                 state=state.value,
-                attempt_count=_t.c.attempt_count + 1,
+                attempt_count=collection_deletions.c.attempt_count + 1,
                 next_attempt_at=timestamp_offset(retry_delay_seconds),
                 lease_token=None,
                 lease_expires_at=None,
@@ -694,7 +678,7 @@ class DeletionRepository:
                 )
             )
             checkpoint = connection.execute(
-                update(_t)
+                update(collection_deletions)
                 .where(
                     holds_deletion_lease(
                         lease, phase=DeletionPhase.REGISTRY, collection_slug=collection_slug
@@ -870,7 +854,7 @@ class DeletionRepository:
             if collection_identity_exists(connection, lease.collection_id, slug):
                 raise DeletionCleanupIncomplete("Collection registry identity still exists")
             result = connection.execute(
-                delete(_t).where(
+                delete(collection_deletions).where(
                     holds_deletion_lease(lease, phase=DeletionPhase.FINALIZE, collection_slug=slug)
                 )
             )
@@ -884,7 +868,9 @@ def is_slug_deleting(engine: Engine, collection_slug: str) -> bool:
     try:
         with read_transaction(engine) as connection:
             row = connection.execute(
-                select(_t.c.collection_id).where(_t.c.collection_slug == collection_slug)
+                select(collection_deletions.c.collection_id).where(
+                    collection_deletions.c.collection_slug == collection_slug
+                )
             ).first()
     except DBAPIError as error:
         if is_missing_table(error):
@@ -932,10 +918,16 @@ def _lock_live_tombstone(
     phase = DeletionPhase.FENCE if action is GuardAction.FENCE else DeletionPhase.TABLE
     guard = holds_deletion_lease(lease, phase=phase, collection_slug=collection_slug)
     if is_postgres(connection):
-        row = connection.execute(select(_t.c.collection_id).where(guard).with_for_update())
+        row = connection.execute(
+            select(collection_deletions.c.collection_id).where(guard).with_for_update()
+        )
         return row.first() is not None
     # SQLite: BEGIN IMMEDIATE already holds the write lock; the no-op write proves the guard.
-    result = connection.execute(update(_t).where(guard).values(updated_at=_t.c.updated_at))
+    result = connection.execute(
+        update(collection_deletions)
+        .where(guard)
+        .values(updated_at=collection_deletions.c.updated_at)
+    )
     return result.rowcount == 1
 
 
@@ -1030,11 +1022,7 @@ __all__ = [
     "ROWS_PER_BATCH",
     "BatchResult",
     "DeletionClaim",
-    "DeletionCleanupIncomplete",
-    "DeletionError",
-    "DeletionIdentityConflict",
     "DeletionLease",
-    "DeletionLeaseLost",
     "DeletionPage",
     "DeletionPhase",
     "DeletionRecord",

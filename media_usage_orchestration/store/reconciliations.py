@@ -34,10 +34,10 @@ deterministic failure on every tick.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
 from sqlalchemy import (
     BigInteger,
@@ -100,6 +100,7 @@ from media_usage_orchestration.values.identifiers import (
     validate_error_code,
 )
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.records import optional, record_from_row
 from media_usage_orchestration.values.source_records import (
     CANONICAL_IDENTITY_VERSION,
     SOURCE_TYPE_CONTENT,
@@ -147,6 +148,10 @@ class ReconciliationRecord:
     created_at: str
     updated_at: str
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        return record_from_row(cls, row, **_ROW_CONVERTERS)
+
 
 @dataclass(frozen=True)
 class ReconciliationClaim(ReconciliationRecord):
@@ -193,28 +198,29 @@ class OperatorRetryResult:
 # --- rows and input ----------------------------------------------------------------------------
 
 
-def _row_fields(row: Any) -> dict[str, Any]:
-    mapping = row._mapping
-    values = {column.name: mapping[column.name] for column in reconciliations.c}
-    attempt_count = values.get("attempt_count")
-    try:
-        values["state"] = LeaseState(values["state"])
-        values["phase"] = ReconciliationPhase(values["phase"])
-    except (KeyError, ValueError):
-        raise ValueError(LIFECYCLE_MESSAGE) from None
-    if isinstance(attempt_count, bool) or not isinstance(attempt_count, int):
+def _lifecycle(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        try:
+            return parse(value)
+        except ValueError:
+            raise ValueError(LIFECYCLE_MESSAGE) from None
+
+    return convert
+
+
+def _attempt_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(LIFECYCLE_MESSAGE)
-    if values["target_epoch"] is not None:
-        values["target_epoch"] = int(values["target_epoch"])
-    return values
+    return value
 
 
-def _to_record(row: Any) -> ReconciliationRecord:
-    return ReconciliationRecord(**_row_fields(row))
-
-
-def _to_claim(row: Any) -> ReconciliationClaim:
-    return ReconciliationClaim(**_row_fields(row))
+# A row in a state, phase or attempt count the lifecycle does not know is refused.
+_ROW_CONVERTERS = {
+    "state": _lifecycle(LeaseState),
+    "phase": _lifecycle(ReconciliationPhase),
+    "attempt_count": _attempt_count,
+    "target_epoch": optional(int),
+}
 
 
 def _require_identity(collection_id: object, run_token: object) -> None:
@@ -614,7 +620,7 @@ class ReconciliationRepository:
                     reconciliations.c.run_token == run_token,
                 )
             ).first()
-        return _to_record(row) if row is not None else None
+        return ReconciliationRecord.from_row(row._mapping) if row is not None else None
 
     def find_by_collection(self, collection_id: str) -> ReconciliationRecord | None:
         """Beyond the seed: the coordinator of a collection, whatever its run token (a
@@ -624,7 +630,7 @@ class ReconciliationRepository:
             row = connection.execute(
                 select(reconciliations).where(reconciliations.c.collection_id == collection_id)
             ).first()
-        return _to_record(row) if row is not None else None
+        return ReconciliationRecord.from_row(row._mapping) if row is not None else None
 
     def find_all(self) -> list[ReconciliationRecord]:
         """Beyond the seed: every collection's coordinator (at most one each), by slug, for
@@ -633,7 +639,9 @@ class ReconciliationRepository:
             reconciliations.c.collection_slug, reconciliations.c.collection_id
         )
         with read_transaction(self.engine) as connection:
-            return [_to_record(row) for row in connection.execute(statement)]
+            return [
+                ReconciliationRecord.from_row(row._mapping) for row in connection.execute(statement)
+            ]
 
     def find_coverage(self, collection_id: str) -> Coverage | None:
         """Beyond the seed: the content-media status row of a collection, to explain why a
@@ -650,18 +658,16 @@ class ReconciliationRepository:
             row = connection.execute(statement).first()
         if row is None:
             return None
-        return Coverage(
-            status=row.status,
-            capture_state=row.capture_state,
-            reconciliation_required=int(row.reconciliation_required),
-            cursor=row.cursor,
-            change_epoch=int(row.change_epoch),
+        return record_from_row(
+            Coverage, row._mapping, reconciliation_required=int, change_epoch=int
         )
 
     def find_due(self, limit: int) -> list[ReconciliationRecord]:
         statement = find_due_statement(limit)
         with read_transaction(self.engine) as connection:
-            return [_to_record(row) for row in connection.execute(statement)]
+            return [
+                ReconciliationRecord.from_row(row._mapping) for row in connection.execute(statement)
+            ]
 
     def find_failed(self, limit: int) -> list[ReconciliationRecord]:
         """Failed rows whose outcome can now be published or reset: coverage was completed by
@@ -669,7 +675,9 @@ class ReconciliationRepository:
         row failed at (never a row without one: see `find_stuck_failed`)."""
         statement = find_failed_statement(_candidate_limit(limit))
         with read_transaction(self.engine) as connection:
-            return [_to_record(row) for row in connection.execute(statement)]
+            return [
+                ReconciliationRecord.from_row(row._mapping) for row in connection.execute(statement)
+            ]
 
     def owns_run(self, claim: ReconciliationRecord, target_epoch: int | str) -> bool:
         _require_identity(claim.collection_id, claim.run_token)
@@ -960,7 +968,7 @@ class ReconciliationRepository:
         )
         with read_transaction(self.engine) as connection:
             return [
-                SourceCandidate(row.source_key, row.content_id, row.source_variant)
+                record_from_row(SourceCandidate, row._mapping)
                 for row in connection.execute(statement, parameters)
             ]
 
@@ -1217,7 +1225,7 @@ class ReconciliationRepository:
             .returning(*reconciliations.c)
         )
         row = self._returning(statement)
-        return _to_claim(row) if row is not None else None
+        return ReconciliationClaim.from_row(row._mapping) if row is not None else None
 
     def renew_lease(self, claim: ReconciliationRecord, lease_seconds: int) -> str | None:
         """Beyond the seed: extend a still-live lease held by this token and return the new
@@ -1354,7 +1362,9 @@ class ReconciliationRepository:
         them; `pin_stuck_failed_epoch` turns each into an ordinary seed failure."""
         statement = find_stuck_failed_statement(_candidate_limit(limit))
         with read_transaction(self.engine) as connection:
-            return [_to_record(row) for row in connection.execute(statement)]
+            return [
+                ReconciliationRecord.from_row(row._mapping) for row in connection.execute(statement)
+            ]
 
     def pin_stuck_failed_epoch(self, collection_id: str, run_token: str) -> int | None:
         """Beyond the seed: record the status epoch as the target of a failed row that has
@@ -1430,7 +1440,9 @@ class ReconciliationRepository:
                 .returning(*reconciliations.c)
             ).first()
             if reopened is not None:
-                return OperatorRetryResult(OperatorRetryOutcome.PENDING, _to_record(reopened))
+                return OperatorRetryResult(
+                    OperatorRetryOutcome.PENDING, ReconciliationRecord.from_row(reopened._mapping)
+                )
             return self._retry_refusal(connection, collection_id)
 
     @staticmethod
@@ -1443,7 +1455,7 @@ class ReconciliationRepository:
         ).first()
         if observed is None:
             return OperatorRetryResult(OperatorRetryOutcome.NOT_FOUND)
-        record = _to_record(observed)
+        record = ReconciliationRecord.from_row(observed._mapping)
         if record.state is LeaseState.LEASED and observed.lease_live:
             return OperatorRetryResult(
                 OperatorRetryOutcome.LEASE_ACTIVE, record, record.lease_expires_at

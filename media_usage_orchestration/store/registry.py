@@ -20,15 +20,11 @@ from media_usage_orchestration.store.core.engine import (
     scrubbed,
 )
 from media_usage_orchestration.store.core.schema import collection_deletions, collections
+from media_usage_orchestration.values.errors import RegistryUnreadable
 from media_usage_orchestration.values.identifiers import validate_identifier
 
 # How long a load of the registry waits for PostgreSQL before it does without.
 REGISTRY_CONNECT_TIMEOUT_SECONDS = 5
-
-
-class RegistryUnreadable(Exception):
-    """The registry could not be read: no database, no schema, a driver missing, a bad URL.
-    The message is safe to show (no password)."""
 
 
 class RegisteredCollection(NamedTuple):

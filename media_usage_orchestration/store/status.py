@@ -42,13 +42,10 @@ from media_usage_orchestration.store.core.schema import (
     reconciliations,
     work,
 )
+from media_usage_orchestration.values.errors import LifecycleConflictError
 from media_usage_orchestration.values.identifiers import validate_error_code
 
 STALE_CODE = "CONTENT_USAGE_STALE"
-
-
-class LifecycleConflictError(RuntimeError):
-    """The status row belongs to another collection identity or lifecycle."""
 
 
 def _activation_active():

@@ -61,6 +61,8 @@ from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.leases import (
     LeaseState,
     bounded_limit,
+    is_claimable,
+    lease_has_expired,
     non_negative_whole,
     parse_lease_state,
     positive_whole,
@@ -83,6 +85,7 @@ from media_usage_orchestration.store.registry import RegisteredCollection, colle
 from media_usage_orchestration.values.cursors import PageCursor, decode_cursor, encode_cursor
 from media_usage_orchestration.values.identifiers import require_text, validate_error_code
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.records import record_from_record, record_from_row
 from media_usage_orchestration.values.source_records import new_ulids
 
 MAX_WORK_SELECTION_LIMIT = 100
@@ -129,6 +132,10 @@ class WorkRecord:
     created_at: str
     updated_at: str
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> WorkRecord:
+        return record_from_row(cls, row, **_ROW_CONVERTERS)
+
     @property
     def lease(self) -> WorkLease | None:
         """The lease this record carries, when it is a leased row."""
@@ -144,6 +151,14 @@ class WorkRecord:
         if not self.lease_expires_at:
             raise ValueError("Due leased media usage work must have a lease expiry")
         return self.lease_expires_at
+
+
+_ROW_CONVERTERS = {
+    "change_epoch": int,
+    "work_version": int,
+    "state": functools.partial(parse_lease_state, label="media usage work"),
+    "attempt_count": int,
+}
 
 
 @dataclass(frozen=True)
@@ -163,18 +178,7 @@ class OperatorWorkItem:
 
     @classmethod
     def from_record(cls, record: WorkRecord) -> OperatorWorkItem:
-        return cls(
-            collection_id=record.collection_id,
-            collection_slug=record.collection_slug,
-            content_id=record.content_id,
-            state=record.state,
-            attempt_count=record.attempt_count,
-            next_attempt_at=record.next_attempt_at,
-            lease_expires_at=record.lease_expires_at,
-            last_attempted_at=record.last_attempted_at,
-            last_error_code=record.last_error_code,
-            updated_at=record.updated_at,
-        )
+        return record_from_record(cls, record)
 
 
 @dataclass(frozen=True)
@@ -210,25 +214,6 @@ class OperatorRetryResult:
         return cls(OperatorRetryOutcome.CONFLICT)
 
 
-def _record(row: Mapping[str, Any]) -> WorkRecord:
-    return WorkRecord(
-        collection_id=row["collection_id"],
-        collection_slug=row["collection_slug"],
-        content_id=row["content_id"],
-        change_epoch=int(row["change_epoch"]),
-        work_version=int(row["work_version"]),
-        state=parse_lease_state(row["state"], "media usage work"),
-        attempt_count=int(row["attempt_count"]),
-        next_attempt_at=row["next_attempt_at"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        last_attempted_at=row["last_attempted_at"],
-        last_error_code=row["last_error_code"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
-
-
 def _is_pending_under(record: WorkRecord | None, collection_slug: str) -> bool:
     return (
         record is not None
@@ -238,7 +223,7 @@ def _is_pending_under(record: WorkRecord | None, collection_slug: str) -> bool:
 
 
 def _records(rows: Iterable[Any]) -> list[WorkRecord]:
-    return [_record(row._mapping) for row in rows]
+    return [WorkRecord.from_row(row._mapping) for row in rows]
 
 
 def due_order_key(record: WorkRecord) -> tuple[str, str, str, str]:
@@ -335,22 +320,9 @@ def _is_identity(collection_id: str, content_id: str, table: FromClause = work):
     return and_(table.c.collection_id == collection_id, table.c.content_id == content_id)
 
 
-def _lease_has_expired(table: FromClause = work) -> ColumnElement[bool]:
-    """An expired lease may be taken over; a NULL expiry is never treated as expired."""
-    return and_(table.c.lease_expires_at.is_not(None), is_due(table.c.lease_expires_at))
-
-
 def _lease_is_live() -> ColumnElement[bool]:
     """The seed's `leaseIsLive()`: work leases are judged against the wall clock."""
     return lease_live_at_clock(work.c.lease_expires_at)
-
-
-def _is_claimable(table: FromClause = work) -> ColumnElement[bool]:
-    """Due pending/retry work, or leased work whose owner let the lease expire."""
-    return or_(
-        and_(table.c.state.in_((_PENDING, _RETRY)), is_due(table.c.next_attempt_at)),
-        and_(table.c.state == _LEASED, _lease_has_expired(table)),
-    )
 
 
 def _holds_lease(lease: WorkLease) -> ColumnElement[bool]:
@@ -422,7 +394,7 @@ def _observed_work_unchanged(observed: WorkRecord) -> ColumnElement[bool]:
         current.c.state == observed.state.value,
     ]
     if observed.state is LeaseState.LEASED:
-        conditions.append(_lease_has_expired(current))
+        conditions.append(lease_has_expired(current))
     return exists(select(literal(1)).select_from(current).where(*conditions))
 
 
@@ -541,7 +513,7 @@ def _claim_batch_statement(dialect_name: str, limit: int, lease_seconds: int, by
             work.c.collection_id == candidate.c.collection_id,
             work.c.content_id == candidate.c.content_id,
             work.c.work_version == candidate.c.work_version,
-            _is_claimable(),
+            is_claimable(work),
         )
         .returning(*work.c)
     )
@@ -579,7 +551,7 @@ def _due_branch(
     due = work.alias(f"{state.value}_work")
     if state is LeaseState.LEASED:
         due_at = due.c.lease_expires_at
-        conditions = [due.c.state == _LEASED, _lease_has_expired(due)]
+        conditions = [due.c.state == _LEASED, lease_has_expired(due)]
         order = (due_at, due.c.collection_id, due.c.content_id)
     else:
         due_at = due.c.next_attempt_at
@@ -879,7 +851,7 @@ class WorkRepository:
         row = connection.execute(
             select(work).where(_is_identity(collection_id, content_id))
         ).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     @staticmethod
     def _invalidate_coverage(
@@ -925,7 +897,7 @@ class WorkRepository:
             _status_reached_epoch(observed.collection_id, collection_slug, epoch),
         ]
         if observed.state is LeaseState.LEASED:
-            conditions.append(_lease_has_expired())
+            conditions.append(lease_has_expired(work))
         row = connection.execute(
             update(work)
             .values(
@@ -944,7 +916,7 @@ class WorkRepository:
             .where(*conditions)
             .returning(*work.c)
         ).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     @staticmethod
     def _create_operator_work(
@@ -981,7 +953,7 @@ class WorkRepository:
             .returning(*work.c)
         )
         row = connection.execute(statement).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     def _operator_retry_lost(
         self, connection: Connection, collection_id: str, content_id: str
@@ -1028,7 +1000,7 @@ class WorkRepository:
         )
         with read_transaction(self.engine) as connection:
             row = connection.execute(statement).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     def collection_has_work_in_hand(self, collection_id: str) -> bool:
         """Whether some of the collection's work is leased, or due now.
@@ -1043,7 +1015,7 @@ class WorkRepository:
         probe, served by the (collection, state) index."""
         require_text(collection_id, "Media usage work-in-hand check requires a collection ID")
         in_hand = or_(
-            and_(work.c.state == _LEASED, work.c.lease_expires_at.is_not(None)), _is_claimable()
+            and_(work.c.state == _LEASED, work.c.lease_expires_at.is_not(None)), is_claimable(work)
         )
         statement = select(exists().where(work.c.collection_id == collection_id, in_hand))
         with read_transaction(self.engine) as connection:
@@ -1068,13 +1040,13 @@ class WorkRepository:
             .where(
                 _is_identity(collection_id, content_id),
                 work.c.work_version == version,
-                _is_claimable(),
+                is_claimable(work),
             )
             .returning(*work.c)
         )
         with self.engine.begin() as connection:
             row = connection.execute(statement).first()
-        return _record(row._mapping) if row else None
+        return WorkRecord.from_row(row._mapping) if row else None
 
     def claim_due_batch(
         self,

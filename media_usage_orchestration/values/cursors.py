@@ -7,13 +7,9 @@ import binascii
 import json
 from dataclasses import dataclass
 
+from media_usage_orchestration.values.errors import InvalidCursorError
+
 MAX_CURSOR_LENGTH = 2048
-
-
-class InvalidCursorError(ValueError):
-    """A cursor that this project did not produce (code INVALID_CURSOR)."""
-
-    code = "INVALID_CURSOR"
 
 
 @dataclass(frozen=True)

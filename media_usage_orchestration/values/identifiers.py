@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from media_usage_orchestration.values.errors import InvalidIdentifierError
+
 IDENTIFIER_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 MAX_IDENTIFIER_LENGTH = 128
 ERROR_CODE_PATTERN = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
@@ -15,10 +17,6 @@ CONTENT_TABLE_PREFIX = "ec_"
 # The label under which a content read returns the registry id it joined (never a field slug:
 # those match IDENTIFIER_PATTERN, which has no leading underscore).
 COLLECTION_ID_RESULT = "__emdash_media_usage_collection_id"
-
-
-class InvalidIdentifierError(ValueError):
-    """A slug or table name that may not reach SQL."""
 
 
 def validate_identifier(value: object, label: str) -> str:

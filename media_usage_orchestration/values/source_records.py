@@ -8,8 +8,10 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from media_usage_orchestration.values.records import optional, record_from_row
 
 GENERATION_WRITE_LEASE_SECONDS = 60 * 60
 COMPLETE = "complete"
@@ -94,15 +96,14 @@ class SourceRow:
     updated_at: str | None
 
     @classmethod
-    def from_mapping(cls, row: Mapping[str, Any]) -> SourceRow:
-        values = {name: row[name] for name in _SOURCE_ROW_FIELDS}
-        for name in ("schema_version", "source_version", "identity_version"):
-            if values[name] is not None:
-                values[name] = int(values[name])
-        return cls(**values)
-
-
-_SOURCE_ROW_FIELDS = tuple(field.name for field in fields(SourceRow))
+    def from_row(cls, row: Mapping[str, Any]) -> SourceRow:
+        return record_from_row(
+            cls,
+            row,
+            schema_version=optional(int),
+            source_version=optional(int),
+            identity_version=optional(int),
+        )
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,8 @@ from media_usage_orchestration.assets.index import MEDIA_USAGE_INDEX
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from media_usage_orchestration.store.deletions import DeletionRepository
-from media_usage_orchestration.store.registry import (
-    RegistryUnreadable,
-    read_live_collection_slugs_at,
-)
+from media_usage_orchestration.store.registry import read_live_collection_slugs_at
+from media_usage_orchestration.values.errors import RegistryUnreadable
 from tests.dagster.reconciliation_support import (
     PARTITIONS,
     activate_with_job,

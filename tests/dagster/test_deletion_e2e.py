@@ -80,7 +80,7 @@ def test_a_forced_deletion_runs_to_the_end_and_the_slug_can_be_reused(activated,
     pages = cms.create_collection("pages", MEDIA_FIELDS)
     cms.insert_entries("pages", sample_entries("pages", 20))
     for _ in range(3):  # half of the posts projected, half still pending work
-        assert process_due_batch(db.engine, 50, collection_id=posts.id).completed_count == 50
+        assert process_due_batch(db.engine, 50, collection_id=posts.id).counts.completed == 50
     assert run_to_completion(db.engine, pages.id) is ReconciliationOutcome.COMPLETED
     # a reconciliation of posts under way: its coordinator row must go too
     assert run_to_completion(db.engine, posts.id, max_steps=1) is ReconciliationOutcome.ADVANCED
@@ -96,7 +96,7 @@ def test_a_forced_deletion_runs_to_the_end_and_the_slug_can_be_reused(activated,
 
     # a work run in between: the detached collection's jobs are acknowledged, never projected
     interleaved = process_due_batch(db.engine, 50)
-    assert (interleaved.claimed_count, interleaved.obsolete_count) == (50, 50)
+    assert (interleaved.counts.claimed, interleaved.counts.obsolete) == (50, 50)
     assert source_keys_of(db.engine, posts.id) == posts_keys
     posts_work = count(db.engine, schema.work, collection_id=posts.id)
     assert posts_work >= 100

@@ -132,7 +132,7 @@ def _summary(result: Any) -> Any:
     if isinstance(result, StepResult):
         return (result.outcome.value, result.restarted)
     if isinstance(result, WorkBatchResult):
-        return (result.claimed_count, result.completed_count)
+        return (result.counts.claimed, result.counts.completed)
     return getattr(result, "outcome", result).value
 
 

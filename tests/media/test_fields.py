@@ -8,14 +8,16 @@ from sqlalchemy import create_engine, insert
 from media_usage_orchestration.media.fields import (
     ExtractionField,
     FieldDiscovery,
-    MediaUsageFieldDiscoveryError,
     SubFieldSpec,
     discover_fields,
     identifier_collation_key,
 )
 from media_usage_orchestration.processing.content_reads import load_fields
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.values.identifiers import InvalidIdentifierError
+from media_usage_orchestration.values.errors import (
+    InvalidIdentifierError,
+    MediaUsageFieldDiscoveryError,
+)
 
 
 def row(slug: str, field_type: str, validation: object = None) -> dict:

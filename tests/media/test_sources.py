@@ -12,7 +12,6 @@ from media_usage_orchestration.media.extraction import MediaOccurrence
 from media_usage_orchestration.media.fields import ExtractionField, FieldDiscovery, SubFieldSpec
 from media_usage_orchestration.media.fingerprints import projection_fingerprint
 from media_usage_orchestration.media.snapshots import (
-    DraftRevisionError,
     build_columns_source,
     build_draft_overlay_source,
     columns_data,
@@ -26,7 +25,7 @@ from media_usage_orchestration.media.sources import (
     legacy_source_key,
     source_key,
 )
-from media_usage_orchestration.values.identifiers import InvalidIdentifierError
+from media_usage_orchestration.values.errors import DraftRevisionError, InvalidIdentifierError
 
 COLLECTION_ID = "01JCOLLECTION0000000000000"
 DISCOVERY = FieldDiscovery(

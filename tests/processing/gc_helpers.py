@@ -23,7 +23,7 @@ HOUR = 3600
 
 def drain(engine: Engine) -> None:
     for _ in range(50):
-        if process_due_batch(engine, 25).claimed_count == 0:
+        if process_due_batch(engine, 25).counts.claimed == 0:
             break
     assert count(engine, schema.work) == 0
 

@@ -13,14 +13,12 @@ from sqlalchemy import Engine, inspect, select, text, update
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec
 from media_usage_orchestration.processing.activation import (
-    ActivationError,
     ActivationOutcome,
     ActivationResult,
     activate,
     activate_step,
 )
 from media_usage_orchestration.store.activation import (
-    ActivationGenerationError,
     claim_activation,
     finalize_activation,
     lease_is_live,
@@ -34,8 +32,12 @@ from media_usage_orchestration.store.core.capture_triggers import (
 )
 from media_usage_orchestration.store.core.engine import create_database_engine
 from media_usage_orchestration.store.core.schema import ACTIVATION_KEY
-from media_usage_orchestration.store.status import LifecycleConflictError
-from media_usage_orchestration.values.errors import CmsError
+from media_usage_orchestration.values.errors import (
+    ActivationError,
+    ActivationGenerationError,
+    CmsError,
+    LifecycleConflictError,
+)
 from tests.factories import insert_deletion, insert_registry, insert_status
 from tests.fixtures import FIXTURE_DB
 from tests.support import (

@@ -12,7 +12,6 @@ from sqlalchemy import event, inspect
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.deletion import (
-    DeletionNotReady,
     DeletionTickOutcome,
     FrontPhaseOutcome,
     RequestOutcome,
@@ -27,17 +26,16 @@ from media_usage_orchestration.store.core.capture_triggers import (
     list_owned_triggers,
     remove_capture_triggers,
 )
-from media_usage_orchestration.store.deletions import (
-    DeletionIdentityConflict,
-    DeletionRepository,
-)
+from media_usage_orchestration.store.deletions import DeletionRepository
 from media_usage_orchestration.values.errors import (
     CmsError,
     CollectionHasContentError,
     CollectionNotFoundError,
     DeletionConflictError,
+    DeletionIdentityConflict,
+    DeletionNotReady,
+    InvalidIdentifierError,
 )
-from media_usage_orchestration.values.identifiers import InvalidIdentifierError
 from tests.factories import FUTURE, PAST, insert_deletion, insert_registry, of
 from tests.store.deletion_helpers import add_source, expire_lease, ids, set_tombstone
 from tests.support import (

@@ -36,12 +36,11 @@ from media_usage_orchestration.processing.deletion import (
 from media_usage_orchestration.processing.retry_policy import DELETION_RETRY
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import (
-    DeletionCleanupIncomplete,
     DeletionLease,
-    DeletionLeaseLost,
     DeletionPhase,
     DeletionRepository,
 )
+from media_usage_orchestration.values.errors import DeletionCleanupIncomplete, DeletionLeaseLost
 from tests import factories
 from tests.factories import PAST
 from tests.store.deletion_helpers import expire_lease, ids, set_tombstone

@@ -122,7 +122,7 @@ def write_document(db, content_id: str, stored: dict[str, str | None]) -> None:
 
 
 def drain_work(engine) -> None:
-    while process_due_batch(engine, 25).claimed_count:
+    while process_due_batch(engine, 25).counts.claimed:
         pass
 
 

@@ -65,7 +65,7 @@ def test_reconciles_historical_missing_content_through_entry_work(db):
     work = work_rows(db.engine, collection)
     assert [(cid, row["state"]) for cid, row in work.items()] == [("historical", "pending")]
 
-    assert process_due_work(db.engine).completed_count == 1
+    assert process_due_work(db.engine).counts.completed == 1
     assert find_source(db.engine, historical) is None
     assert tick(db.engine) is ReconciliationOutcome.COMPLETED
 
@@ -144,7 +144,7 @@ def test_entry_failure_is_refused_without_failed_work(db):
 def test_a_new_media_field_restarts_the_run_at_a_newer_epoch(db):
     collection = untrusted_collection(db.engine, "articles", ["entry-1"])
     assert tick(db.engine) is ReconciliationOutcome.ADVANCED
-    assert process_due_work(db.engine).completed_count == 1
+    assert process_due_work(db.engine).counts.completed == 1
     assert tick(db.engine) is ReconciliationOutcome.ADVANCED
     before = coordinator(db.engine, collection)
     assert before["phase"] == "sources"

@@ -349,7 +349,7 @@ def test_steps_walk_a_run_from_claim_to_complete_coverage(db):
     collection = untrusted_collection(db.engine, "articles", entry_ids(55))
     claim = prepared(db, collection)
     assert scan_all(db, claim) == [ScanOutcome.ADVANCED] * 2 + [ScanOutcome.EXHAUSTED]
-    assert work_processing.process_due_batch(db.engine, 100).completed_count == 55
+    assert work_processing.process_due_batch(db.engine, 100).counts.completed == 55
     insert_source(db.engine, canonical_key(collection, "gone"), **of(collection), content_id="gone")
 
     entered = enter_sources(db.engine, claim)
@@ -364,7 +364,7 @@ def test_steps_walk_a_run_from_claim_to_complete_coverage(db):
 
     waiting = finalize(db.engine, entered.claim)
     assert waiting.outcome is ReconciliationOutcome.DEFERRED
-    assert work_processing.process_due_batch(db.engine, 10).completed_count == 1
+    assert work_processing.process_due_batch(db.engine, 10).counts.completed == 1
     make_due(db.engine, collection)
     claim = claimed(db.engine, collection)
     assert prepare_run(db.engine, claim).outcome is ADVANCED
@@ -406,7 +406,7 @@ def test_a_captured_write_during_the_source_walk_restarts_the_run(db):
     collection = captured_collection(db.engine, "articles", [image_entry("entry-1")])
     claim = prepared(db, collection)
     assert scan_all(db, claim)[-1] is ScanOutcome.EXHAUSTED
-    assert work_processing.process_due_batch(db.engine, 10).completed_count == 1
+    assert work_processing.process_due_batch(db.engine, 10).counts.completed == 1
     entered = enter_sources(db.engine, claim)
     assert entered.claim.phase == "sources"
 

@@ -57,7 +57,7 @@ def held_by_another_run(db, collection, count: int):
 
 
 def claimed_by_drain(paging) -> int:
-    return sum(batch.claimed_count for batch in paging.results)
+    return sum(batch.counts.claimed for batch in paging.results)
 
 
 def test_the_drain_waits_for_items_another_run_holds_and_never_takes_them(db):

@@ -40,7 +40,7 @@ def processed_collection(engine, slug: str = "articles", entries: int = 8):
 
 def drain(engine) -> None:
     for _ in range(20):
-        if process_due_batch(engine, 25).claimed_count == 0:
+        if process_due_batch(engine, 25).counts.claimed == 0:
             break
     assert count(engine, schema.work) == 0
 

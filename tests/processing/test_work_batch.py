@@ -36,14 +36,14 @@ def test_a_batch_completes_every_claimed_job_exactly_once(db):
 
     result = process_due_batch(db.engine, 10)
 
-    assert (result.claimed_count, result.completed_count) == (6, 6)
-    assert (result.retry_count, result.superseded_count, result.claim_lost_count) == (0, 0, 0)
+    assert (result.counts.claimed, result.counts.completed) == (6, 6)
+    assert (result.counts.retry, result.counts.superseded, result.counts.claim_lost) == (0, 0, 0)
     assert work_count(db.engine) == 0
     for content_id in content_ids:
         assert occurrence_count(db.engine, canonical_key(posts, content_id)) == 1
     assert total_rows(db.engine, schema.generation_writes) == 0
     assert not verify_index(db.engine).has_drift
-    assert process_due_batch(db.engine, 10).claimed_count == 0
+    assert process_due_batch(db.engine, 10).counts.claimed == 0
 
 
 def test_a_job_re_enqueued_while_claimed_is_superseded_and_processed_later(db):
@@ -60,7 +60,7 @@ def test_a_job_re_enqueued_while_claimed_is_superseded_and_processed_later(db):
 
     first = process_due_batch(db.engine, 10)
 
-    assert (first.claimed_count, first.completed_count, first.superseded_count) == (3, 2, 1)
+    assert (first.counts.claimed, first.counts.completed, first.counts.superseded) == (3, 2, 1)
     assert work_for(db.engine, "entry-b")["state"] == "pending"
     published = find_source(db.engine, canonical_key(posts, "entry-b"))
     assert published is not None
@@ -68,7 +68,7 @@ def test_a_job_re_enqueued_while_claimed_is_superseded_and_processed_later(db):
     drop_row_trigger(db, "test_batch_supersede", schema.sources.name)
     second = process_due_batch(db.engine, 10)
 
-    assert (second.claimed_count, second.completed_count) == (1, 1)
+    assert (second.counts.claimed, second.counts.completed) == (1, 1)
     assert work_count(db.engine) == 0
     redelivered = find_source(db.engine, canonical_key(posts, "entry-b"))
     assert redelivered.current_generation == published.current_generation
@@ -89,7 +89,7 @@ def test_an_aged_lease_is_renewed_and_a_lost_one_is_left_alone(db):
 
     result = process_due_batch(db.engine, 10, lease_seconds=60, clock=lambda: next(minutes))
 
-    assert (result.claimed_count, result.completed_count, result.claim_lost_count) == (3, 2, 1)
+    assert (result.counts.claimed, result.counts.completed, result.counts.claim_lost) == (3, 2, 1)
     # entry-b's renewal failed before any work was done for it.
     assert find_source(db.engine, canonical_key(posts, "entry-b")) is None
     assert work_for(db.engine, "entry-b")["state"] == "pending"
@@ -114,8 +114,8 @@ def test_concurrent_batches_take_disjoint_jobs(db):
         thread.join()
     outcomes.append(process_due_batch(db.engine, 10))
 
-    assert sum(result.completed_count for result in outcomes) == 8
-    assert sum(result.superseded_count + result.claim_lost_count for result in outcomes) == 0
+    assert sum(result.counts.completed for result in outcomes) == 8
+    assert sum(result.counts.superseded + result.counts.claim_lost for result in outcomes) == 0
     assert work_count(db.engine) == 0
     assert total_rows(db.engine, schema.occurrences) == 8
     for content_id in content_ids:
@@ -130,7 +130,7 @@ def test_a_batch_is_inert_while_capture_is_inactive(db):
     result = process_due_batch(db.engine, 10)
 
     assert result.inactive is True
-    assert result.claimed_count == 0
+    assert result.counts.claimed == 0
     assert work_count(db.engine) == 1
 
 
@@ -147,6 +147,6 @@ def test_a_batch_can_be_limited_to_one_collection(db):
 
     result = process_due_batch(db.engine, 10, collection_id=posts.id)
 
-    assert (result.claimed_count, result.completed_count) == (2, 2)
+    assert (result.counts.claimed, result.counts.completed) == (2, 2)
     assert work_count(db.engine) == 1
     assert work_for(db.engine, "entry-3")["state"] == "pending"

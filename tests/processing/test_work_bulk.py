@@ -140,7 +140,7 @@ def schedule(engine, order) -> None:
 
 
 def drain_one_by_one(engine) -> None:
-    while process_due_batch(engine, 50, bulk=False).claimed_count:
+    while process_due_batch(engine, 50, bulk=False).counts.claimed:
         pass
 
 
@@ -239,8 +239,7 @@ def canonical_key_of(content_id: str, variant: str = "columns") -> str:
 
 
 def counts(result: WorkBatchResult) -> dict[str, int]:
-    names = ("claimed", "completed", "retry", "failed", "superseded", "obsolete", "claim_lost")
-    return {name: getattr(result, f"{name}_count") for name in names}
+    return result.counts.as_dict()
 
 
 def test_an_ordinary_mix_in_bulk_leaves_no_drift(db):
@@ -248,7 +247,7 @@ def test_an_ordinary_mix_in_bulk_leaves_no_drift(db):
     writer = CmsWriter(db.engine)
     for index in range(30):
         insert_entry(db.engine, "posts", f"entry-{index:02d}", f"media-{index}")
-    assert process_due_batch(db.engine, 50).completed_count == 30
+    assert process_due_batch(db.engine, 50).counts.completed == 30
     writer.update_entry("posts", "entry-00", {"hero": image("media-changed")})
     writer.update_entry("posts", "entry-01", {"published_at": "2026-08-02T00:00:00.000Z"})
     writer.delete_entry("posts", "entry-02")
@@ -259,7 +258,7 @@ def test_an_ordinary_mix_in_bulk_leaves_no_drift(db):
 
     result = process_due_batch(db.engine, 50)
 
-    assert (result.claimed_count, result.completed_count) == (15, 15)
+    assert (result.counts.claimed, result.counts.completed) == (15, 15)
     assert work_count(db.engine) == 0
     report = verify_index(db.engine)
     assert not report.has_drift, report.differences[:5]
@@ -287,12 +286,12 @@ def test_a_write_that_loses_its_guard_in_bulk_takes_the_per_item_path(db):
 
     # entry-2 was published in bulk; entry-1's bulk write lost its content guard, the per-item
     # path projected the edit, and the edit's own (captured) job superseded this one.
-    assert (first.claimed_count, first.completed_count, first.superseded_count) == (2, 1, 1)
+    assert (first.counts.claimed, first.counts.completed, first.counts.superseded) == (2, 1, 1)
     assert find_source(db.engine, canonical_key(posts, "entry-1")).content_title == (
         "edited meanwhile"
     )
     second = process_due_batch(db.engine, 50)
-    assert (second.claimed_count, second.completed_count) == (1, 1)
+    assert (second.counts.claimed, second.counts.completed) == (1, 1)
     assert not verify_index(db.engine).has_drift
 
 
@@ -328,7 +327,7 @@ def test_a_batch_of_fifty_costs_a_bounded_number_of_statements(db):
 
     with recorded_statements(db.engine) as sent:
         created = process_due_batch(db.engine, 50)
-    assert created.completed_count == 50
+    assert created.counts.completed == 50
     assert len(sql_statements(sent)) <= BULK_STATEMENT_BUDGET
 
     writer = CmsWriter(db.engine)
@@ -337,7 +336,7 @@ def test_a_batch_of_fifty_costs_a_bounded_number_of_statements(db):
         writer.update_entry("posts", f"entry-{index:02d}", changes)
     with recorded_statements(db.engine) as sent:
         replaced = process_due_batch(db.engine, 50)
-    assert replaced.completed_count == 50
+    assert replaced.counts.completed == 50
     assert len(sql_statements(sent)) <= BULK_STATEMENT_BUDGET
     assert find_source(db.engine, canonical_key(posts, "entry-01")).content_title == "entry-01"
     assert not verify_index(db.engine).has_drift
@@ -379,7 +378,7 @@ def test_concurrent_bulk_processors_never_complete_a_job_twice(db):
     def processor() -> None:
         try:
             start.wait()
-            while (batch := process_due_batch(db.engine, 10)).claimed_count:
+            while (batch := process_due_batch(db.engine, 10)).counts.claimed:
                 results.append(batch)
                 busy.add(threading.current_thread().name)
         except BaseException as error:  # reported below
@@ -413,7 +412,7 @@ def test_concurrent_bulk_processors_never_complete_a_job_twice(db):
     assert all(state == "leased" and token for _, _, state, token in logged)
     tokens = [token for _, _, _, token in logged]
     assert len(tokens) == len(set(tokens))
-    assert sum(result.completed_count for result in results) == len(logged)
+    assert sum(result.counts.completed for result in results) == len(logged)
     assert {row[0] for row in logged} == {f"entry-{i:03d}" for i in range(120)}
     assert work_count(db.engine) == 0
     assert not verify_index(db.engine).has_drift
@@ -426,5 +425,5 @@ def drain_with_retries_due(engine) -> list[WorkBatchResult]:
         backdate(engine, schema.work, "next_attempt_at", 1, state="retry")
         batch = process_due_batch(engine, 50)
         results.append(batch)
-        assert batch.claimed_count, "work remains that nothing can claim"
+        assert batch.counts.claimed, "work remains that nothing can claim"
     return results

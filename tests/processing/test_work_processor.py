@@ -116,8 +116,8 @@ def test_a_tick_processes_one_job_and_the_backlog_stays_durable(db):
     result = process_due_work(db.engine)
 
     assert result.candidate_count == 3
-    assert result.claimed_count == JOBS_PER_TICK == 1
-    assert result.completed_count == 1
+    assert result.counts.claimed == JOBS_PER_TICK == 1
+    assert result.counts.completed == 1
     assert result.admission_closed is True
     assert work_count(db.engine) == 2
     assert coverage(db.engine, articles)["status"] == "stale"
@@ -234,8 +234,8 @@ def test_work_of_a_replaced_collection_is_obsolete_and_projects_nothing(db):
 
     result = process_due_work(db.engine)
 
-    assert result.obsolete_count == 1
-    assert result.claimed_count == 1
+    assert result.counts.obsolete == 1
+    assert result.counts.claimed == 1
     assert work_count(db.engine) == 0
     assert find_source(db.engine, canonical_key(original, "entry-1")) is None
     assert occurrence_count(db.engine, canonical_key(original, "entry-1")) == 0
@@ -262,7 +262,7 @@ def test_inactive_capture_processes_nothing(db):
 
     assert process_work_after_write(db.engine, "dormant", "entry-1") is WorkOutcome.INACTIVE
     tick = process_due_work(db.engine)
-    assert (tick.candidate_count, tick.claimed_count, tick.admission_closed) == (0, 0, False)
+    assert (tick.candidate_count, tick.counts.claimed, tick.admission_closed) == (0, 0, False)
     assert work_count(db.engine) == 1
 
 

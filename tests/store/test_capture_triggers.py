@@ -15,14 +15,13 @@ from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.capture_triggers import (
     CAPTURE_INACTIVE_MESSAGE,
     CaptureIdentity,
-    CaptureLifecycleError,
     CaptureOperation,
     install_capture_triggers,
     list_owned_triggers,
     remove_capture_triggers,
     verify_capture_triggers,
 )
-from media_usage_orchestration.values.identifiers import InvalidIdentifierError
+from media_usage_orchestration.values.errors import CaptureLifecycleError, InvalidIdentifierError
 from tests.support import (
     NO_MEDIA,
     all_rows,

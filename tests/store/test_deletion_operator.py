@@ -14,7 +14,8 @@ from media_usage_orchestration.store.deletions import (
     DeletionRepository,
     OperatorDeletionItem,
 )
-from media_usage_orchestration.values.cursors import InvalidCursorError, encode_cursor
+from media_usage_orchestration.values.cursors import encode_cursor
+from media_usage_orchestration.values.errors import InvalidCursorError
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
 from tests.store.deletion_helpers import (
     LEASE_SECONDS,

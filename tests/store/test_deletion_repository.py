@@ -12,16 +12,18 @@ from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.leases import LeaseState
 from media_usage_orchestration.store.deletions import (
     DeletionClaim,
-    DeletionCleanupIncomplete,
-    DeletionIdentityConflict,
     DeletionLease,
-    DeletionLeaseLost,
     DeletionPhase,
     DeletionRepository,
     GuardOutcome,
     execute_local_deletion_guard,
     find_due_statement,
     is_slug_deleting,
+)
+from media_usage_orchestration.values.errors import (
+    DeletionCleanupIncomplete,
+    DeletionIdentityConflict,
+    DeletionLeaseLost,
 )
 from tests.factories import insert_deletion
 from tests.store.deletion_helpers import (

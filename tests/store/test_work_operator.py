@@ -19,7 +19,7 @@ from media_usage_orchestration.store.work import (
     OperatorWorkItem,
     WorkRepository,
 )
-from media_usage_orchestration.values.cursors import InvalidCursorError
+from media_usage_orchestration.values.errors import InvalidCursorError
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
 from tests.factories import insert_work, insert_works
 from tests.store.work_helpers import after_epoch_bump, read_work

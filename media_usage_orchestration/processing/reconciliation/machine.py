@@ -8,7 +8,7 @@ these hands the lease back after progress: that is the caller's choice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from media_usage_orchestration.media.fields import FieldDiscovery
 from media_usage_orchestration.media.fingerprints import field_fingerprint
@@ -31,6 +31,7 @@ from media_usage_orchestration.store.reconciliations import (
     WorkBarrierState,
 )
 from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.values.records import record_from_record
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def current_record(
 
 
 def as_claim(record: ReconciliationRecord) -> ReconciliationClaim:
-    return ReconciliationClaim(**{each.name: getattr(record, each.name) for each in fields(record)})
+    return record_from_record(ReconciliationClaim, record)
 
 
 def release_lease(

@@ -111,11 +111,11 @@ def drain_collection_work(
 
         def batch(claim: ReconciliationClaim) -> Page[ReconciliationClaim, WorkBatchResult]:
             done = process_due_batch(engine, batch_size, collection_id=claim.collection_id)
-            if done.claimed_count >= batch_size:
+            if done.counts.claimed >= batch_size:
                 # A full batch: more is likely due, and the next claim says so for free (an
                 # empty one ends the walk below, after the same checks).
                 return Page(done, claim, more=True)
-            if done.claimed_count > 0:
+            if done.counts.claimed > 0:
                 return Page(done, claim, more=_work_pending(engine, claim))
             if done.inactive or not repository.collection_has_work_in_hand(claim.collection_id):
                 return Page(done, claim, more=False)

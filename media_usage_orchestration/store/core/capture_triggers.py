@@ -23,6 +23,7 @@ from media_usage_orchestration.store.core.clock import (
 )
 from media_usage_orchestration.store.core.predicates import is_content_collection_status
 from media_usage_orchestration.store.core.schema import index_status
+from media_usage_orchestration.values.errors import CaptureLifecycleError
 from media_usage_orchestration.values.identifiers import (
     content_table_name,
     quote_identifier,
@@ -54,10 +55,6 @@ class CaptureOperation(StrEnum):
     def postgres_tgtype(self) -> int:
         # ROW (1) + event bit (INSERT 4, DELETE 8, UPDATE 16); AFTER is the absence of BEFORE (2).
         return {"insert": 5, "update": 17, "delete": 9}[self.value]
-
-
-class CaptureLifecycleError(RuntimeError):
-    """A trigger change was attempted outside the fenced lifecycle states."""
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from sqlalchemy.exc import (
     TimeoutError,
 )
 
+from media_usage_orchestration.values.errors import DatabaseFileError
 from media_usage_orchestration.values.json_text import parse_json
 
 DEFAULT_SQLITE_PATH = Path(".media_usage") / "media_usage.db"
@@ -147,11 +148,6 @@ def database_error_message(error: SQLAlchemyError) -> str:
 def compact_json(value) -> str:
     """JSON as EmDash writes it: no whitespace, non-ASCII kept."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-class DatabaseFileError(ValueError):
-    """The SQLite file cannot be used as asked: a read-only engine's file does not exist
-    (raised on connecting; nothing is created), or a new file's directory cannot be made."""
 
 
 def create_database_engine(url: str | URL, *, read_only: bool = False, **engine_options) -> Engine:

@@ -1,5 +1,6 @@
-"""Lease vocabulary shared by the three leased tables: states, epochs, limits; and the due and
-claim conditions that the reconciliation and deletion tables (one row per collection) share."""
+"""Lease vocabulary shared by the three leased tables (work, reconciliations, deletion
+tombstones): states, epochs, limits, and the expired-lease and claim conditions; and the due
+candidates of the two tables with one row per collection (reconciliations, tombstones)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def bounded_limit(value: int, lowest: int, highest: int, message: str) -> int:
     return value
 
 
-# --- per-collection leased rows (reconciliations, deletion tombstones) --------------------------
+# --- due and claim conditions -----------------------------------------------------------------
 
 
 def due_candidates_statement(leased, limit: int) -> Select:
@@ -94,21 +95,35 @@ def due_candidates_statement(leased, limit: int) -> Select:
     retry = candidates("retry_candidates", LeaseState.RETRY, leased.c.next_attempt_at)
     expired = candidates("leased_candidates", LeaseState.LEASED, leased.c.lease_expires_at)
     merged = union_all(select(pending), select(retry), select(expired)).cte("candidates")
-    due_at = case(
-        (merged.c.state == LeaseState.LEASED.value, merged.c.lease_expires_at),
-        else_=merged.c.next_attempt_at,
+    return (
+        select(merged)
+        .order_by(due_time(merged), merged.c.updated_at, merged.c.collection_id)
+        .limit(limit)
     )
-    return select(merged).order_by(due_at, merged.c.updated_at, merged.c.collection_id).limit(limit)
+
+
+def due_time(leased) -> ColumnElement[str]:
+    """When a row became (or becomes) claimable: its lease expiry while leased, else its next
+    attempt (the seeds' `dueTimestamp`)."""
+    return case(
+        (leased.c.state == LeaseState.LEASED.value, leased.c.lease_expires_at),
+        else_=leased.c.next_attempt_at,
+    )
+
+
+def lease_has_expired(leased) -> ColumnElement[bool]:
+    """An expired lease may be taken over; a NULL expiry is never treated as expired."""
+    return and_(leased.c.lease_expires_at.is_not(None), is_due(leased.c.lease_expires_at))
 
 
 def is_claimable(leased) -> ColumnElement[bool]:
-    """Due pending or retry rows, or leased rows whose lease expired."""
+    """Due pending or retry rows, or leased rows whose owner let the lease expire."""
     return or_(
         and_(
             leased.c.state.in_([LeaseState.PENDING.value, LeaseState.RETRY.value]),
             is_due(leased.c.next_attempt_at),
         ),
-        and_(leased.c.state == LeaseState.LEASED.value, is_due(leased.c.lease_expires_at)),
+        and_(leased.c.state == LeaseState.LEASED.value, lease_has_expired(leased)),
     )
 
 
@@ -116,5 +131,5 @@ def is_reopenable_by_operator(leased) -> ColumnElement[bool]:
     """Failed or retrying rows, or leased rows whose lease expired: never a live lease."""
     return or_(
         leased.c.state.in_([LeaseState.FAILED.value, LeaseState.RETRY.value]),
-        and_(leased.c.state == LeaseState.LEASED.value, is_due(leased.c.lease_expires_at)),
+        and_(leased.c.state == LeaseState.LEASED.value, lease_has_expired(leased)),
     )

@@ -18,9 +18,10 @@ Database time only: every timestamp is computed by the statement that uses it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import (
     Engine,
@@ -28,7 +29,6 @@ from sqlalchemy import (
     case,
     delete,
     exists,
-    func,
     literal,
     or_,
     select,
@@ -51,6 +51,7 @@ from media_usage_orchestration.store.core.schema import (
     occurrences,
     sources,
 )
+from media_usage_orchestration.values.records import record_from_row
 
 # EmDash binds at most 50 values a statement; the lease guard takes three of them.
 DELETE_BATCH_SIZE = 47
@@ -124,8 +125,42 @@ class GcTaskRow:
     updated_at: str
 
 
+_TASK_ROW_CONVERTERS = {
+    **dict.fromkeys(
+        (
+            "consecutive_failures",
+            "last_candidate_count",
+            "last_deleted_orphans",
+            "last_deleted_stale",
+            "last_deleted_abandoned",
+            "last_deleted_write_leases",
+            "last_backlog_lower_bound",
+            "last_duration_ms",
+        ),
+        int,
+    ),
+    "last_scan_has_more": bool,
+}
+
+
+def _cursor_of(row: Mapping[str, Any]) -> GcCursor | None:
+    """The sweep's cursor as the task row holds it (None between sweeps)."""
+    if row["cursor_created_at"] and row["cursor_id"]:
+        return GcCursor(row["cursor_created_at"], row["cursor_id"])
+    return None
+
+
 def _task_row() -> ColumnElement[bool]:
     return cleanup.c.task_key == CLEANUP_TASK_KEY
+
+
+def task_is_claimable() -> ColumnElement[bool]:
+    """The task row is due and no pass holds it: never leased, or its lease expired."""
+    return and_(
+        _task_row(),
+        is_due_at_clock(cleanup.c.next_eligible_at),
+        or_(cleanup.c.lease_token.is_(None), is_due_at_clock(cleanup.c.lease_expires_at)),
+    )
 
 
 def _lease_is_held(engine_or_dialect_is_postgres: bool, lease_token: str) -> ColumnElement[bool]:
@@ -200,11 +235,7 @@ class ProjectionGcRepository:
         claimed_at = timestamp_offset(0)
         statement = (
             update(cleanup)
-            .where(
-                _task_row(),
-                is_due_at_clock(cleanup.c.next_eligible_at),
-                or_(cleanup.c.lease_token.is_(None), is_due_at_clock(cleanup.c.lease_expires_at)),
-            )
+            .where(task_is_claimable())
             .values(
                 lease_token=lease_token,
                 lease_expires_at=timestamp_offset(lease_seconds),
@@ -219,29 +250,19 @@ class ProjectionGcRepository:
             .returning(
                 cleanup.c.cursor_created_at,
                 cleanup.c.cursor_id,
-                cleanup.c.last_started_at,
+                cleanup.c.last_started_at.label("claimed_at"),
                 cleanup.c.scan_before_at,
                 cleanup.c.consecutive_failures,
             )
         )
         with self.engine.begin() as connection:
-            row = connection.execute(statement).first()
+            row = connection.execute(statement).mappings().first()
         if row is None:
             return None
-        if not row.last_started_at or not row.scan_before_at:
+        if not row["claimed_at"] or not row["scan_before_at"]:
             raise RuntimeError("the cleanup claim did not persist its database timestamps")
-        cursor = (
-            GcCursor(row.cursor_created_at, row.cursor_id)
-            if row.cursor_created_at and row.cursor_id
-            else None
-        )
-        return GcClaim(
-            lease_token,
-            cursor,
-            row.last_started_at,
-            row.scan_before_at,
-            int(row.consecutive_failures),
-        )
+        claim = {**row, "lease_token": lease_token, "cursor": _cursor_of(row)}
+        return record_from_row(GcClaim, claim, consecutive_failures=int)
 
     def complete(
         self, lease_token: str, counters: GcCounters, next_cursor: GcCursor | None, swept: bool
@@ -314,31 +335,8 @@ class ProjectionGcRepository:
             row = connection.execute(select(cleanup).where(_task_row())).mappings().first()
         if row is None:
             return None
-        cursor = (
-            GcCursor(row["cursor_created_at"], row["cursor_id"])
-            if row["cursor_created_at"] and row["cursor_id"]
-            else None
-        )
-        return GcTaskRow(
-            leased=row["lease_token"] is not None,
-            lease_expires_at=row["lease_expires_at"],
-            next_eligible_at=row["next_eligible_at"],
-            cursor=cursor,
-            scan_before_at=row["scan_before_at"],
-            consecutive_failures=int(row["consecutive_failures"]),
-            last_started_at=row["last_started_at"],
-            last_completed_at=row["last_completed_at"],
-            last_candidate_count=int(row["last_candidate_count"]),
-            last_deleted_orphans=int(row["last_deleted_orphans"]),
-            last_deleted_stale=int(row["last_deleted_stale"]),
-            last_deleted_abandoned=int(row["last_deleted_abandoned"]),
-            last_deleted_write_leases=int(row["last_deleted_write_leases"]),
-            last_backlog_lower_bound=int(row["last_backlog_lower_bound"]),
-            last_scan_has_more=bool(row["last_scan_has_more"]),
-            last_duration_ms=int(row["last_duration_ms"]),
-            last_error_code=row["last_error_code"],
-            updated_at=row["updated_at"],
-        )
+        task = {**row, "leased": row["lease_token"] is not None, "cursor": _cursor_of(row)}
+        return record_from_row(GcTaskRow, task, **_TASK_ROW_CONVERTERS)
 
     # -- the sweep ----------------------------------------------------------------------------
 
@@ -381,18 +379,7 @@ class ProjectionGcRepository:
         )
         with self.engine.begin() as connection:
             rows = connection.execute(statement).all()
-        return [
-            GcCandidate(
-                row.id,
-                row.source_key,
-                row.generation,
-                row.created_at,
-                row.current_generation,
-                row.indexed_at,
-                row.write_lease_expires_at,
-            )
-            for row in rows
-        ]
+        return [record_from_row(GcCandidate, row._mapping) for row in rows]
 
     def _target_guard(
         self, target: GcTarget, ids: Sequence[str], cutoff: str, lease_token: str
@@ -451,74 +438,11 @@ class ProjectionGcRepository:
         with self.engine.begin() as connection:
             return connection.execute(statement).rowcount
 
-    # -- probes -------------------------------------------------------------------------------
 
-    def due_work(self, window: int, safety_window_seconds: int) -> GcDue | None:
-        """What the next pass would find, reading at most `window` occurrences through the
-        cleanup-scan index: None while the task is not due (or leased)."""
-        task = self.read_task()
-        with read_transaction(self.engine) as connection:
-            due = connection.execute(
-                select(literal(1)).where(
-                    _task_row(),
-                    is_due_at_clock(cleanup.c.next_eligible_at),
-                    or_(
-                        cleanup.c.lease_token.is_(None),
-                        is_due_at_clock(cleanup.c.lease_expires_at),
-                    ),
-                )
-            ).first()
-            if due is None or task is None:
-                return None
-            cutoff = (
-                task.scan_before_at
-                or connection.execute(select(timestamp_offset(-safety_window_seconds))).scalar_one()
-            )
-            expired_leases = connection.execute(
-                select(func.count()).select_from(
-                    select(generation_writes.c.lease_token)
-                    .where(is_due_at_clock(generation_writes.c.expires_at))
-                    .limit(1)
-                    .subquery()
-                )
-            ).scalar_one()
-            window_rows = connection.execute(_window_statement(cutoff, task.cursor, window)).all()
-        targets = sum(1 for row in window_rows if row.target)
-        return GcDue(
-            next_eligible_at=task.next_eligible_at,
-            updated_at=task.updated_at,
-            sweeping=task.cursor is not None,
-            window_rows=len(window_rows),
-            window_full=len(window_rows) >= window,
-            targets_in_window=targets,
-            expired_write_leases=bool(expired_leases),
-        )
-
-
-@dataclass(frozen=True)
-class GcDue:
-    """The task row is due; what a pass would have to do."""
-
-    next_eligible_at: str
-    updated_at: str
-    sweeping: bool
-    window_rows: int
-    window_full: bool
-    targets_in_window: int
-    expired_write_leases: bool
-
-    @property
-    def has_work(self) -> bool:
-        """A pass deletes something, advances the sweep, or finishes one in progress."""
-        return (
-            self.expired_write_leases
-            or self.targets_in_window > 0
-            or self.window_full
-            or self.sweeping
-        )
-
-
-def _window_statement(cutoff: str, cursor: GcCursor | None, window: int):
+def scan_window_statement(cutoff: str, cursor: GcCursor | None, window: int):
+    """The next `window` occurrences below the cutoff after the cursor, each flagged `target`
+    when neither its source's current generation nor a live write lease keeps it (what a pass
+    would look at next, without its lease)."""
     scanned = select(occurrences.c.id, occurrences.c.source_key, occurrences.c.generation).where(
         occurrences.c.created_at < cutoff
     )

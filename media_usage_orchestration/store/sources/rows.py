@@ -69,7 +69,7 @@ def sources_by_key(connection: Connection, source_keys: Sequence[str]) -> dict[s
     if not unique:
         return {}
     rows = connection.execute(select(sources).where(sources.c.source_key.in_(unique)))
-    return {row.source_key: SourceRow.from_mapping(row._mapping) for row in rows}
+    return {row.source_key: SourceRow.from_row(row._mapping) for row in rows}
 
 
 # --- one statement, many rows -------------------------------------------------------------------

@@ -11,7 +11,7 @@ overlays. Entry groups are paged by (collection slug, content id).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from sqlalchemy import (
     Column,
@@ -19,6 +19,7 @@ from sqlalchemy import (
     Engine,
     Integer,
     MetaData,
+    Select,
     Table,
     Text,
     and_,
@@ -43,6 +44,7 @@ from media_usage_orchestration.store.core.schema import (
     sources,
     work,
 )
+from media_usage_orchestration.values.records import optional, record_from_row
 
 VARIANTS = ("columns", "draft_overlay")
 
@@ -188,16 +190,10 @@ class UsageRepository:
             return inspect(connection).has_table(media_library.name)
 
     def find_media(self, media_id: str) -> MediaItem | None:
-        statement = select(
-            media_library.c.id,
-            media_library.c.filename,
-            media_library.c.mime_type,
-            media_library.c.size,
-            media_library.c.status,
-        ).where(media_library.c.id == media_id)
+        statement = _media_items().where(media_library.c.id == media_id)
         with read_transaction(self.engine) as connection:
             row = connection.execute(statement).first()
-        return None if row is None else MediaItem(*row)
+        return None if row is None else record_from_row(MediaItem, row._mapping)
 
     def coverage_scopes(self) -> list[CoverageScope]:
         """Every registry collection with its status row (if any) and its open work."""
@@ -213,7 +209,7 @@ class UsageRepository:
         )
         statement = (
             select(
-                collections.c.slug,
+                collections.c.slug.label("collection_slug"),
                 index_status.c.status,
                 index_status.c.schema_version,
                 index_status.c.reconciliation_required,
@@ -235,13 +231,13 @@ class UsageRepository:
         with read_transaction(self.engine) as connection:
             rows = connection.execute(statement).all()
         return [
-            CoverageScope(
-                row.slug,
-                row.status,
-                None if row.schema_version is None else int(row.schema_version),
-                row.reconciliation_required is not None and int(row.reconciliation_required) != 0,
-                int(row.pending_work),
-                int(row.failed_work),
+            record_from_row(
+                CoverageScope,
+                row._mapping,
+                schema_version=optional(int),
+                reconciliation_required=lambda value: value is not None and int(value) != 0,
+                pending_work=int,
+                failed_work=int,
             )
             for row in rows
         ]
@@ -301,7 +297,7 @@ class UsageRepository:
                 occurrences.c.id,
             )
         )
-        return [UsageRow(*row) for row in connection.execute(statement)]
+        return [record_from_row(UsageRow, row._mapping) for row in connection.execute(statement)]
 
     @staticmethod
     def _deleted_at(connection: Connection, groups: Sequence[tuple[str, str]]):
@@ -326,13 +322,7 @@ class UsageRepository:
     def unused_media(self, after: str | None, limit: int) -> tuple[list[MediaItem], bool]:
         """Media rows no current occurrence of any content source refers to, by id."""
         statement = (
-            select(
-                media_library.c.id,
-                media_library.c.filename,
-                media_library.c.mime_type,
-                media_library.c.size,
-                media_library.c.status,
-            )
+            _media_items()
             .where(~_is_used(media_library.c.id))
             .order_by(media_library.c.id)
             .limit(limit + 1)
@@ -340,20 +330,26 @@ class UsageRepository:
         if after is not None:
             statement = statement.where(media_library.c.id > after)
         with read_transaction(self.engine) as connection:
-            rows = [MediaItem(*row) for row in connection.execute(statement)]
+            rows = [
+                record_from_row(MediaItem, row._mapping) for row in connection.execute(statement)
+            ]
         return rows[:limit], len(rows) > limit
 
     def media_summary(self) -> MediaSummary:
         """How many media rows exist, how many are used, and the bytes of the unused ones."""
         used = _is_used(media_library.c.id)
         statement = select(
-            func.count(),
-            func.count().filter(used),
-            func.coalesce(func.sum(media_library.c.size).filter(~used), 0),
+            func.count().label("media"),
+            func.count().filter(used).label("used"),
+            func.coalesce(func.sum(media_library.c.size).filter(~used), 0).label(
+                "reclaimable_bytes"
+            ),
         ).select_from(media_library)
         with read_transaction(self.engine) as connection:
-            total, used_count, reclaimable = connection.execute(statement).one()
-        return MediaSummary(int(total), int(used_count), int(reclaimable))
+            row = connection.execute(statement).one()
+        return record_from_row(
+            MediaSummary, row._mapping, media=int, used=int, reclaimable_bytes=int
+        )
 
 
 @dataclass(frozen=True)
@@ -365,6 +361,11 @@ class MediaSummary:
     @property
     def unused(self) -> int:
         return self.media - self.used
+
+
+def _media_items() -> Select:
+    """The media library columns a `MediaItem` holds."""
+    return select(*(media_library.c[field.name] for field in fields(MediaItem)))
 
 
 def _is_used(media_id) -> ColumnElement[bool]:
