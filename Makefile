@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test dev lint bench clean
+.PHONY: demo test test-unit dev lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,9 +16,15 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/media-usage demo
 
-# Each test module runs on one worker, in order, so a module-scoped fixture is built once.
+# Every tier (unit, conformance, dagster, acceptance) on both dialects. Each test module runs on
+# one worker, in order, so a module-scoped fixture is built once; the acceptance tier's long
+# modules come first, so the two workers finish together.
 test: $(STAMP)
 	$(BIN)/pytest -n 2 --dist loadscope
+
+# The unit tier alone: no database, a few seconds.
+test-unit: $(STAMP)
+	$(BIN)/pytest tests/unit
 
 # The UI on the demo's database and instance (.dagster_home), so the demo's runs are visible.
 # The pid file (the shell execs `dg dev`, so it is dg's pid) tells `make demo` the instance is in

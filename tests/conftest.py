@@ -7,23 +7,25 @@ gets its own schema there and its own file on SQLite. With MEDIA_USAGE_REQUIRE_P
 
 from __future__ import annotations
 
-import contextlib
-import os
-import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import dagster as dg
 import pytest
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, text
 
-from media_usage_orchestration.emdash_double.scratch import scratch_schema
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core.engine import create_database_engine
-from media_usage_orchestration.store.core.schema import install_schema
-from tests.fast_databases import PostgresSchemaPool, SqliteTemplate
+from tests.support.databases import (
+    DIALECTS,
+    PostgresSchemaPool,
+    SqliteTemplate,
+    TestDatabase,
+    clean_database,
+    compact_bloated_catalogs,
+    postgres_admin_url,
+    postgres_schema,
+    require_postgres,
+)
 
 
 def _share_alembic_script_directories() -> None:
@@ -45,76 +47,6 @@ def _share_alembic_script_directories() -> None:
 
 _share_alembic_script_directories()
 
-DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-DIALECTS = ("sqlite", "postgres")
-
-
-def postgres_admin_url() -> str:
-    return os.environ.get("MEDIA_USAGE_TEST_POSTGRES_URL", DEFAULT_TEST_POSTGRES_URL)
-
-
-def postgres_required() -> bool:
-    return os.environ.get("MEDIA_USAGE_REQUIRE_POSTGRES") == "1"
-
-
-_postgres_problem: list[str] = []
-
-
-def _check_postgres() -> str | None:
-    if not _postgres_problem:
-        try:
-            probe = create_engine(postgres_admin_url())
-            with probe.connect() as connection:
-                connection.execute(text("SELECT 1"))
-            probe.dispose()
-            _postgres_problem.append("")
-        except Exception as error:  # the reason is reported once, below
-            _postgres_problem.append(f"PostgreSQL is unreachable: {type(error).__name__}")
-    return _postgres_problem[0] or None
-
-
-@dataclass
-class TestDatabase:
-    """One isolated database: its dialect, a URL other processes can open, its engine."""
-
-    __test__ = False
-    dialect: str
-    url: str
-    engine: Engine
-
-    @property
-    def is_postgres(self) -> bool:
-        return self.dialect == "postgres"
-
-
-def require_postgres() -> None:
-    """Skip the test without a server, or fail it when MEDIA_USAGE_REQUIRE_POSTGRES=1."""
-    problem = _check_postgres()
-    if problem:
-        if postgres_required():
-            pytest.fail(f"{problem} and MEDIA_USAGE_REQUIRE_POSTGRES=1")
-        pytest.skip(problem)
-
-
-@contextlib.contextmanager
-def postgres_schema() -> Iterator[str]:
-    """A schema of its own on the test server, dropped afterwards: yields a URL whose
-    search_path is that schema."""
-    with scratch_schema(postgres_admin_url(), "t") as (_, url):
-        yield url
-
-
-@contextlib.contextmanager
-def installed_database(dialect: str, url: str) -> Iterator[TestDatabase]:
-    """The database at `url` with EmDash's schema installed; its engine disposed afterwards."""
-    engine = create_database_engine(url)
-    try:
-        with engine.begin() as connection:
-            install_schema(connection)
-        yield TestDatabase(dialect, url, engine)
-    finally:
-        engine.dispose()
-
 
 @pytest.fixture(scope="session")
 def sqlite_template() -> Iterator[SqliteTemplate]:
@@ -125,30 +57,10 @@ def sqlite_template() -> Iterator[SqliteTemplate]:
 
 @pytest.fixture(scope="session")
 def postgres_pool() -> Iterator[PostgresSchemaPool]:
+    compact_bloated_catalogs(postgres_admin_url())
     pool = PostgresSchemaPool(postgres_admin_url())
     yield pool
     pool.close()
-
-
-@contextlib.contextmanager
-def clean_database(
-    dialect: str, path: Path, sqlite_template: SqliteTemplate, postgres_pool: PostgresSchemaPool
-) -> Iterator[TestDatabase]:
-    """A database with EmDash's schema freshly installed (as far as any test can tell): a copy
-    of the installed SQLite template at `path`, or a clean schema from the PostgreSQL pool."""
-    if dialect == "sqlite":
-        sqlite_template.copy_to(path)
-        url = f"sqlite:///{path}"
-        schema = contextlib.nullcontext(url)
-    else:
-        require_postgres()
-        schema = postgres_pool.installed_schema()
-    with schema as url:
-        engine = create_database_engine(url)
-        try:
-            yield TestDatabase(dialect, url, engine)
-        finally:
-            engine.dispose()
 
 
 @pytest.fixture
@@ -214,50 +126,17 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield instance
 
 
-# Above this size (a fresh server's is under 2 MB) the catalogs are bloated by earlier runs.
-_BLOATED_CATALOG_BYTES = 64 * 1024 * 1024
-
-
-def pytest_sessionstart(session):
-    """Compact the test server's catalogs if earlier runs bloated them. Every schema created and
-    dropped leaves dead catalog rows behind faster than autovacuum reclaims them, and every DDL
-    statement and catalog lookup then scans the bloat (pg_attribute reached 400 MB, making each
-    schema install several times slower). Once, in the controlling process, before any test."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or _check_postgres():
-        return
-    engine = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as connection:
-            size = connection.exec_driver_sql(
-                "SELECT pg_total_relation_size('pg_catalog.pg_attribute')"
-            ).scalar_one()
-            if size > _BLOATED_CATALOG_BYTES:
-                connection.exec_driver_sql(f"VACUUM FULL {', '.join(_CHURNED_CATALOGS)}")
-    except Exception as error:  # a server that refuses (not the owner) runs the suite slower
-        warnings.warn(f"catalogs not compacted: {type(error).__name__}", stacklevel=1)
-    finally:
-        engine.dispose()
-
-
-_CHURNED_CATALOGS = tuple(
-    f"pg_catalog.{name}"
-    for name in (
-        "pg_attribute",
-        "pg_attrdef",
-        "pg_class",
-        "pg_constraint",
-        "pg_depend",
-        "pg_index",
-        "pg_proc",
-        "pg_trigger",
-        "pg_type",
-    )
-)
-
-
 def pytest_generate_tests(metafunc):
-    if "dialect" in metafunc.fixturenames:
-        metafunc.parametrize("dialect", DIALECTS, indirect=True)
+    """Every test of the `dialect` fixture (through `db`, `empty_db`, `no_sql_engine`, ...) runs
+    on both dialects, but for behaviour only one of them has: `postgres_only(reason)` (row
+    locks, concurrent writers) or `sqlite_only(reason)` (EXPLAIN QUERY PLAN, FTS5)."""
+    if "dialect" not in metafunc.fixturenames:
+        return
+    only = {"postgres_only": ("postgres",), "sqlite_only": ("sqlite",)}
+    marked = [only[name] for name in only if metafunc.definition.get_closest_marker(name)]
+    if len(marked) > 1:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid} is marked for both dialects only")
+    metafunc.parametrize("dialect", marked[0] if marked else DIALECTS, indirect=True)
 
 
 def pytest_terminal_summary(terminalreporter):

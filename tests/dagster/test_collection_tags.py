@@ -12,13 +12,13 @@ import pytest
 from media_usage_orchestration import jobs
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.ops.leased import COLLECTION_TAG
-from tests.dagster.reconciliation_support import PARTITIONS
-from tests.dagster.sensor_loop import resources
-from tests.processing.reconciliation_helpers import (
+from tests.support.reconciliation_runs import PARTITIONS
+from tests.support.reconciliation_steps import (
     captured_collection,
     image_entry,
     untrusted_collection,
 )
+from tests.support.sensor_loop import resources
 
 SLUG = "articles"
 

@@ -13,15 +13,15 @@ from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.processing.retry_policy import RECONCILIATION_RETRY
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.coverage import read_collection_coverage
-from tests.dagster.reconciliation_support import (
+from tests.support.reconciliation_runs import (
     FAILED_CODE,
     PARTITIONS,
     activate_with_job,
     run_partition,
     write_collections,
 )
-from tests.dagster.sensor_loop import plain, resources
-from tests.support import count, status_row
+from tests.support.sensor_loop import plain, resources
+from tests.support.states import count, status_row
 
 WORK_JOB = defs.resolve_job_def("media_usage_work")
 

@@ -14,7 +14,7 @@ from media_usage_orchestration.emdash_double.sample_content import sample_entry
 from media_usage_orchestration.processing.operator import collection_statuses
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.work import WorkRepository
-from tests.dagster.reconciliation_support import (
+from tests.support.reconciliation_runs import (
     OUTCOME_TAG,
     PARTITIONS,
     RESOURCE_LIMIT,
@@ -23,8 +23,8 @@ from tests.dagster.reconciliation_support import (
     run_partition,
     write_collections,
 )
-from tests.dagster.sensor_loop import plain, resources
-from tests.support import backdate
+from tests.support.sensor_loop import plain, resources
+from tests.support.states import backdate
 
 CHECK_KEY = dg.AssetCheckKey(MEDIA_USAGE_INDEX, COVERAGE_CHECK)
 # The numbers the asset page and `media-usage status` both show.

@@ -25,13 +25,13 @@ from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from media_usage_orchestration.store.deletions import DeletionRepository
 from media_usage_orchestration.store.registry import read_live_collection_slugs_at
 from media_usage_orchestration.values.errors import RegistryUnreadable
-from tests.dagster.reconciliation_support import (
+from tests.support.reconciliation_runs import (
     PARTITIONS,
     activate_with_job,
     run_partition,
     write_collections,
 )
-from tests.dagster.sensor_loop import plain, resources
+from tests.support.sensor_loop import plain, resources
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LOCATION = CodePointer.from_module(

@@ -38,14 +38,12 @@ from media_usage_orchestration.store.deletions import (
     DeletionPhase,
     DeletionRepository,
 )
-from tests.dagster.deletion_support import (
+from tests.support.deletion_runs import (
     FAILED_CODE,
     leftovers,
     seconds_between,
-    table_exists,
 )
-from tests.dagster.ops_support import OpResult, invoke
-from tests.store.deletion_helpers import (
+from tests.support.deletions import (
     LEASE_SECONDS,
     add_reconciliation,
     add_source,
@@ -54,9 +52,12 @@ from tests.store.deletion_helpers import (
     expire_lease,
     ids,
     set_tombstone,
+    table_exists,
     tombstone,
+    tombstone_row,
 )
-from tests.support import IMAGE_ONLY, all_rows, count, db_now, one, set_status, snapshot
+from tests.support.ops import OpResult, invoke
+from tests.support.states import IMAGE_ONLY, all_rows, count, db_now, one, set_status, snapshot
 
 FAR_FUTURE = "2999-01-01T00:00:00.000Z"
 PHASE_OPS = {
@@ -100,10 +101,6 @@ def pages(cms):
         occurrence_ids=ids("pages-usage", 3),
     )
     return collection
-
-
-def tombstone_row(db, collection):
-    return one(db.engine, schema.collection_deletions, collection_id=collection.id)
 
 
 def lease_of(db, collection, phase, *, force=True) -> DeletionLease:
@@ -164,7 +161,7 @@ def test_claim_deletion_claims_the_due_tombstone_in_its_phase(activated, posts):
 
     result = invoke(claim_deletion, activated, op_config={"collection_id": posts.id})
 
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert result.outcome == "claimed"
     assert result.metadata["collection_id"] == posts.id
     assert result.lease == DeletionLease(posts.id, row["lease_token"])
@@ -216,7 +213,7 @@ def test_claim_deletion_in_a_reexecution_reopens_a_failed_tombstone_in_its_phase
             claim_deletion, activated, op_config={"collection_id": posts.id}, instance=instance
         )
 
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert result.outcome == "claimed"
     assert result.lease == DeletionLease(posts.id, row["lease_token"])
     assert row["state"] == "leased" and row["attempt_count"] == 0
@@ -239,7 +236,7 @@ def test_a_reexecution_never_takes_a_live_lease(activated, posts):
 
     assert_stopped(result, "not_due")
     assert snapshot(activated.engine) == before
-    assert tombstone_row(activated, posts)["lease_token"] == owner.lease_token
+    assert tombstone_row(activated.engine, posts.id)["lease_token"] == owner.lease_token
 
 
 # --- every phase op, in order -------------------------------------------------------------------
@@ -329,7 +326,7 @@ def test_an_op_whose_phase_is_past_hands_the_claim_on_untouched(
 ):
     populate(activated, posts, work=3, occurrences=(3,), reconciliation=True)
     lease = lease_of(activated, posts, tombstone_phase)
-    tombstone_before = tombstone_row(activated, posts)
+    tombstone_before = tombstone_row(activated.engine, posts.id)
     before = snapshot(activated.engine, NOT_TOMBSTONES)
 
     result = invoke(PHASE_OPS[op_phase], activated, lease, op_config=_budget(op_phase))
@@ -338,7 +335,7 @@ def test_an_op_whose_phase_is_past_hands_the_claim_on_untouched(
     assert result.metadata["tombstone_phase"] == tombstone_phase.value
     assert result.lease == lease
     assert snapshot(activated.engine, NOT_TOMBSTONES) == before
-    tombstone_after = tombstone_row(activated, posts)
+    tombstone_after = tombstone_row(activated.engine, posts.id)
     moving = {"lease_expires_at", "updated_at"}  # the lease was renewed, nothing else
     assert {k: v for k, v in tombstone_after.items() if k not in moving} == {
         k: v for k, v in tombstone_before.items() if k not in moving
@@ -361,7 +358,7 @@ def test_an_op_ahead_of_the_tombstone_stops_without_touching_anything(activated,
     assert_stopped(result, "out_of_order")
     assert result.metadata["tombstone_phase"] == "work"
     assert snapshot(activated.engine, NOT_TOMBSTONES) == before
-    assert tombstone_row(activated, posts)["phase"] == "work"
+    assert tombstone_row(activated.engine, posts.id)["phase"] == "work"
 
 
 # --- fence --------------------------------------------------------------------------------------
@@ -377,7 +374,7 @@ def test_fence_without_force_keeps_a_collection_with_content_and_cancels_the_tom
     result = invoke(fence, activated, lease)
 
     assert_stopped(result, "has_content")
-    assert tombstone_row(activated, posts) is None
+    assert tombstone_row(activated.engine, posts.id) is None
     assert snapshot(activated.engine) == before
     assert table_exists(activated.engine, "ec_posts")
 
@@ -396,7 +393,7 @@ def test_fence_without_force_goes_ahead_when_every_entry_is_trashed(activated, c
     )
     status = one(activated.engine, schema.index_status, collection_id=posts.id)
     assert status["capture_state"] == "deleting"
-    assert tombstone_row(activated, posts)["phase"] == "registry"
+    assert tombstone_row(activated.engine, posts.id)["phase"] == "registry"
 
 
 # --- batch ops: budgets and lease renewal -------------------------------------------------------
@@ -411,7 +408,7 @@ def test_delete_work_hands_back_when_its_batch_budget_is_spent(activated, posts,
 
     assert_stopped(result, "budget_exhausted")
     assert (result.metadata["batches"], result.metadata["rows_deleted"]) == (2, 100)
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (row["state"], row["phase"], row["work_cursor"]) == ("pending", "work", "entry-099")
     assert row["lease_token"] is None and row["lease_expires_at"] is None
     assert row["next_attempt_at"] <= db_now(activated.engine)
@@ -427,7 +424,7 @@ def test_delete_work_hands_back_when_its_batch_budget_is_spent(activated, posts,
     assert (resumed.outcome, resumed.metadata["rows_deleted"]) == ("advanced", 30)
     assert resumed.metadata["batches"] == 1
     assert count(activated.engine, schema.work, collection_id=posts.id) == 0
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (row["phase"], row["work_cursor"]) == ("sources", None)
 
 
@@ -439,7 +436,7 @@ def test_delete_work_hands_back_when_its_time_budget_is_spent(activated, posts):
 
     assert_stopped(result, "budget_exhausted")
     assert (result.metadata["batches"], result.metadata["rows_deleted"]) == (1, 50)
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (row["state"], row["work_cursor"]) == ("pending", "entry-049")
 
 
@@ -463,7 +460,7 @@ def test_a_batch_op_renews_its_lease_between_batches(activated, posts, monkeypat
     # once before the first batch (the op makes sure it still holds the lease), then between
     # batches, never after the last one
     assert renewals == [130, 80, 30]
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert seconds_between(db_now(activated.engine), row["lease_expires_at"]) > 290
 
 
@@ -486,7 +483,7 @@ def test_a_batch_op_that_loses_its_lease_between_batches_stops(activated, posts,
     assert_stopped(result, "claim_lost")
     assert (result.metadata["batches"], result.metadata["rows_deleted"]) == (1, 50)
     assert count(activated.engine, schema.work, collection_id=posts.id) == 80
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert row["state"] == "leased" and row["lease_token"] == thief[0].lease_token
     assert row["work_cursor"] == "entry-049"
 
@@ -508,7 +505,7 @@ def test_delete_sources_keeps_its_source_and_cursor_across_runs(activated, posts
 
     assert_stopped(result, "budget_exhausted")
     assert (result.metadata["batches"], result.metadata["rows_deleted"]) == (2, 100)
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (row["state"], row["phase"]) == ("pending", "sources")
     assert (row["source_key"], row["occurrence_cursor"]) == ("posts-source-0", "posts-usage-0-099")
     assert count(activated.engine, schema.occurrences, source_key="posts-source-0") == 20
@@ -524,7 +521,7 @@ def test_delete_sources_keeps_its_source_and_cursor_across_runs(activated, posts
         "rows_deleted": 30,
         "next_phase": "status",
     }
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (row["phase"], row["source_key"], row["occurrence_cursor"]) == ("status", None, None)
     # only what later phases remove is left; legacy and other collections' sources are kept
     assert leftovers(activated.engine, posts.id, "posts", ["posts-source-0", "posts-source-1"]) == {
@@ -558,7 +555,7 @@ def test_a_failed_step_is_charged_to_the_tombstone_like_emdash(
     assert failure.value.metadata["outcome"].value == outcome
     assert f"({outcome})" in failure.value.description
     assert "DeletionCleanupIncomplete" in failure.value.description
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert row["state"] == state
     assert row["attempt_count"] == attempts_before + 1
     assert row["last_error_code"] == FAILED_CODE
@@ -582,7 +579,7 @@ def test_a_fence_that_cannot_verify_capture_is_charged_and_changes_nothing(activ
     with pytest.raises(dg.Failure, match="DeletionNotReady"):
         invoke(fence, activated, lease)
 
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (row["state"], row["attempt_count"], row["phase"]) == ("retry", 1, "fence")
     assert snapshot(activated.engine, NOT_TOMBSTONES) == before
 
@@ -604,7 +601,7 @@ def test_a_batch_op_failing_mid_loop_keeps_the_cursor_it_committed(activated, po
     with pytest.raises(dg.Failure, match="disk on fire"):
         invoke(delete_work, activated, lease)
 
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (row["state"], row["attempt_count"]) == ("retry", 1)
     assert (row["phase"], row["work_cursor"]) == ("work", "entry-049")
     assert count(activated.engine, schema.work, collection_id=posts.id) == 80
@@ -623,7 +620,7 @@ def test_a_transient_database_error_is_left_to_the_retry_policy_and_not_charged(
     with pytest.raises(sa_exc.OperationalError):
         invoke(delete_status, activated, lease)
 
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (row["state"], row["attempt_count"], row["lease_token"]) == (
         "leased",
         0,
@@ -646,7 +643,7 @@ def test_an_op_whose_lease_is_held_by_another_owner_yields_no_lease(activated, p
 
     assert_stopped(result, "claim_lost")
     assert snapshot(activated.engine) == before
-    assert tombstone_row(activated, posts)["lease_token"] == owner.lease_token
+    assert tombstone_row(activated.engine, posts.id)["lease_token"] == owner.lease_token
 
 
 def test_an_op_whose_lease_expired_reclaims_the_due_tombstone_and_goes_on(activated, posts):
@@ -656,7 +653,7 @@ def test_an_op_whose_lease_expired_reclaims_the_due_tombstone_and_goes_on(activa
 
     result = invoke(delete_work, activated, lapsed)
 
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (result.outcome, result.metadata["next_phase"]) == ("advanced", "sources")
     assert result.lease == DeletionLease(posts.id, row["lease_token"])
     assert result.lease.lease_token != lapsed.lease_token
@@ -694,7 +691,7 @@ def test_after_a_recorded_failure_only_a_reexecution_reclaims(activated, posts, 
         result = invoke(delete_work, activated, lease, instance=instance)
         [run] = [run for run in instance.get_runs() if run.parent_run_id]
 
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (result.outcome, result.metadata["next_phase"]) == ("advanced", "sources")
     assert result.lease == DeletionLease(posts.id, row["lease_token"])
     assert (row["attempt_count"], row["last_error_code"]) == (0, None)
@@ -753,7 +750,7 @@ def test_request_detaches_an_activated_collection_and_leaves_the_rest_to_the_bac
 
     assert result.metadata["outcome"] == "deleted"
     assert result.metadata["collection"] == "posts"
-    row = tombstone_row(activated, posts)
+    row = tombstone_row(activated.engine, posts.id)
     assert (row["state"], row["phase"], row["force_delete"]) == ("pending", "work", 1)
     assert not table_exists(activated.engine, "ec_posts")
     assert count(activated.engine, schema.collections, slug="posts") == 0

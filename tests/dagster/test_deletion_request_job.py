@@ -9,7 +9,7 @@ from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
-from tests.dagster.deletion_support import (
+from tests.support.deletion_runs import (
     REQUEST_JOB,
     failure_of,
     leftovers,
@@ -18,12 +18,12 @@ from tests.dagster.deletion_support import (
     run_request_job,
     table_exists,
 )
-from tests.dagster.deletion_support import (
+from tests.support.deletion_runs import (
     everything as support_everything,
 )
-from tests.dagster.sensor_loop import plain
-from tests.store.deletion_helpers import add_source, claimed, ids
-from tests.support import IMAGE_ONLY, count, one
+from tests.support.deletions import add_source, claimed, ids
+from tests.support.sensor_loop import plain
+from tests.support.states import IMAGE_ONLY, count, one
 
 
 def entries(total, prefix="post"):

@@ -32,14 +32,14 @@ from sqlalchemy.engine import URL, make_url
 from media_usage_orchestration.ops.leased import COLLECTION_TAG
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
-from tests.conftest import (
+from tests.support.databases import (
     TestDatabase,
     installed_database,
     postgres_admin_url,
     postgres_schema,
     require_postgres,
 )
-from tests.dagster.reconciliation_support import (
+from tests.support.reconciliation_runs import (
     COMPLETE_RUN,
     DEFINITIONS_TARGET,
     MAINTENANCE_JOB,
@@ -52,7 +52,7 @@ from tests.dagster.reconciliation_support import (
     step_outcomes,
     write_collections,
 )
-from tests.dagster.sensor_loop import resources
+from tests.support.sensor_loop import resources
 
 DEPLOY_INSTANCE_YAML = Path(__file__).resolve().parents[2] / "deploy" / "dagster.yaml"
 ONE_RUN_PER_COLLECTION = [

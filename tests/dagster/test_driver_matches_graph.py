@@ -25,15 +25,15 @@ from media_usage_orchestration.processing.reconciliation.model import (
 )
 from media_usage_orchestration.processing.work import WorkBatchResult
 from media_usage_orchestration.store.core import schema
-from tests.dagster.reconciliation_support import PARTITIONS, run_partition, step_outcomes
-from tests.factories import insert_source, of
-from tests.processing.projection_helpers import canonical_key
-from tests.processing.reconciliation_helpers import (
+from tests.support.factories import insert_source, of
+from tests.support.projection import canonical_key
+from tests.support.reconciliation_runs import PARTITIONS, run_partition, step_outcomes
+from tests.support.reconciliation_steps import (
     captured_collection,
     entry_ids,
     untrusted_collection,
 )
-from tests.support import count, one, status_row
+from tests.support.states import count, one, status_row
 
 RECORDED_STEPS = (
     "claim_collection",

@@ -21,7 +21,7 @@ from media_usage_orchestration.ops.reconciliation import FORCE_TAG
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
-from tests.dagster.reconciliation_support import (
+from tests.support.reconciliation_runs import (
     COMPLETE_RUN,
     OUTCOME_TAG,
     PARTITIONS,
@@ -36,7 +36,7 @@ from tests.dagster.reconciliation_support import (
     step_outcomes,
     write_collections,
 )
-from tests.support import snapshot, status_row
+from tests.support.states import snapshot, status_row
 
 pytestmark = pytest.mark.slow
 

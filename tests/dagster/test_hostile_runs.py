@@ -20,14 +20,14 @@ from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
 from media_usage_orchestration.store.probes import due_reconciliations
-from tests.dagster.reconciliation_support import (
+from tests.support.deletions import tombstone
+from tests.support.reconciliation_runs import (
     RECONCILIATION_JOB,
     tick,
     write_collections,
 )
-from tests.dagster.sensor_loop import add_requested_partitions, evaluate, resources, resources_for
-from tests.store.deletion_helpers import tombstone
-from tests.support import backdate, make_collection, one
+from tests.support.sensor_loop import add_requested_partitions, evaluate, resources, resources_for
+from tests.support.states import backdate, make_collection, one
 
 RECONCILIATIONS = schema.reconciliations.name
 FAIL_SCAN_PROGRESS = {

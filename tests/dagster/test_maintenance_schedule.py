@@ -14,10 +14,10 @@ from media_usage_orchestration.processing.reconciliation.maintenance import sett
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.schedules import media_usage_maintenance_schedule
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
-from tests.dagster.reconciliation_support import PARTITIONS
-from tests.dagster.sensor_loop import resources
-from tests.processing.reconciliation_helpers import mark_failed, untrusted_collection
-from tests.support import set_status
+from tests.support.reconciliation_runs import PARTITIONS
+from tests.support.reconciliation_steps import mark_failed, untrusted_collection
+from tests.support.sensor_loop import resources
+from tests.support.states import set_status
 
 TICKS_IN_AN_HOUR = 30
 

@@ -13,8 +13,9 @@ from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import driver, steps
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
-from tests.cli.cli_support import trusted_collection
-from tests.cli.operator_states import (
+from tests.support.cli import trusted_collection
+from tests.support.deletions import tombstone, tombstone_row
+from tests.support.operator_states import (
     fail_reconciliation,
     failed_tombstone,
     failed_work,
@@ -24,13 +25,11 @@ from tests.cli.operator_states import (
     reconciliation_row,
     removed_during_retry,
     seeded_reconciliation,
-    tombstone_row,
     work_of,
     work_row,
 )
-from tests.dagster.sensor_loop import resources_for, step_report
-from tests.store.deletion_helpers import tombstone
-from tests.support import IMAGE_ONLY, all_rows, backdate, set_status, snapshot, status_row
+from tests.support.sensor_loop import resources_for, step_report
+from tests.support.states import IMAGE_ONLY, all_rows, backdate, set_status, snapshot, status_row
 
 WORK = jobs.retry_media_usage_work_job
 DELETION = jobs.retry_collection_deletion_job
@@ -239,7 +238,7 @@ def test_deletion_job_reopens_a_failed_tombstone_in_its_phase(db, instance, by):
     metadata = _outcome(DELETION, db, instance, config)
 
     assert metadata == {"outcome": "pending", "changed": True, **config}
-    row = tombstone_row(db.engine, posts)
+    row = tombstone_row(db.engine, posts.id)
     assert (row["state"], row["phase"], row["attempt_count"]) == ("pending", "sources", 0)
 
 

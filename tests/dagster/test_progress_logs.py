@@ -10,9 +10,9 @@ from media_usage_orchestration import jobs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.ops import progress as progress_module
 from media_usage_orchestration.ops.progress import ProgressLog
-from tests.dagster.sensor_loop import resources
-from tests.processing.reconciliation_helpers import captured_collection, image_entry
-from tests.processing.test_run_loop import Clock as FakeClock
+from tests.support.reconciliation_steps import captured_collection, image_entry
+from tests.support.sensor_loop import resources
+from tests.unit.processing.test_run_loop import Clock as FakeClock
 
 
 def test_lines_are_throttled_and_the_last_reports_the_total():

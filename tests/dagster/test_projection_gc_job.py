@@ -12,16 +12,16 @@ from media_usage_orchestration.assets.projection_cleanup import MEDIA_USAGE_PROJ
 from media_usage_orchestration.jobs import media_usage_projection_gc
 from media_usage_orchestration.sensors import media_usage_projection_gc_sensor
 from media_usage_orchestration.store.core import schema
-from tests.dagster.sensor_loop import evaluate, execute_request, output_metadata, plain, resources
-from tests.media_library_support import add_media, create_media_table
-from tests.processing.gc_helpers import (
+from tests.support.media_library import add_media, create_media_table
+from tests.support.projection_gc import (
     HOUR,
     edit_storm,
     make_gc_due,
     non_current_occurrences,
     one_task,
 )
-from tests.support import backdate, count, set_status
+from tests.support.sensor_loop import evaluate, execute_request, output_metadata, plain, resources
+from tests.support.states import backdate, count, set_status
 
 
 def _orphans(engine, how_many: int) -> None:

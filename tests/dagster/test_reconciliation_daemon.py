@@ -24,7 +24,7 @@ from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
 from media_usage_orchestration.store.core.schema import install_schema
-from tests.dagster.reconciliation_support import (
+from tests.support.reconciliation_runs import (
     COLLECTION_ID_TAG,
     COLLECTION_TAG,
     COMPLETE_RUN,
@@ -39,7 +39,7 @@ from tests.dagster.reconciliation_support import (
     step_outcomes,
     write_collections,
 )
-from tests.support import one, set_status, status_row
+from tests.support.states import one, set_status, status_row
 
 pytestmark = pytest.mark.slow
 

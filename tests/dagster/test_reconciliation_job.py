@@ -24,8 +24,9 @@ from media_usage_orchestration.schedules import media_usage_maintenance_schedule
 from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
-from tests.dagster import reconstructable_jobs
-from tests.dagster.reconciliation_support import (
+from tests.support import reconstructable_jobs
+from tests.support.projection import canonical_key
+from tests.support.reconciliation_runs import (
     COLLECTION_ID_TAG,
     COLLECTION_TAG,
     COMPLETE_RUN,
@@ -50,9 +51,8 @@ from tests.dagster.reconciliation_support import (
     tick,
     write_collections,
 )
-from tests.dagster.sensor_loop import drain, plain, requested_partition_keys
-from tests.processing.projection_helpers import canonical_key
-from tests.support import all_rows, count, one, status_row
+from tests.support.sensor_loop import drain, plain, requested_partition_keys
+from tests.support.states import all_rows, count, one, status_row
 
 SIZES = {"articles": 500, "pages": 500, "posts": 500}
 SLUGS = sorted(SIZES)

@@ -30,11 +30,11 @@ from media_usage_orchestration.processing.reconciliation.model import Reconcilia
 from media_usage_orchestration.processing.reconciliation.steps import claim_collection
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.reconciliations import ReconciliationRepository
-from tests.dagster.ops_support import OpResult, invoke
-from tests.dagster.reconciliation_support import FAILED_CODE, PARTITIONS
-from tests.factories import insert_source, of
-from tests.processing.projection_helpers import canonical_key
-from tests.processing.reconciliation_helpers import (
+from tests.support.factories import insert_source, of
+from tests.support.ops import OpResult, invoke
+from tests.support.projection import canonical_key
+from tests.support.reconciliation_runs import FAILED_CODE, PARTITIONS
+from tests.support.reconciliation_steps import (
     coordinator,
     coverage,
     entry_ids,
@@ -44,7 +44,7 @@ from tests.processing.reconciliation_helpers import (
     untrusted_collection,
     work_rows,
 )
-from tests.support import count, db_now, set_status, snapshot
+from tests.support.states import count, db_now, set_status, snapshot
 
 GRAPH = (
     claim_reconciliation,

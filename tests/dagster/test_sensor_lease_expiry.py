@@ -13,9 +13,9 @@ from media_usage_orchestration.sensors import COLLECTION_ID_TAG
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository
 from media_usage_orchestration.store.work import WorkRepository
-from tests.dagster.sensor_loop import add_requested_partitions, evaluate, resources_for
-from tests.store.deletion_helpers import tombstone
-from tests.support import IMAGE_ONLY, backdate
+from tests.support.deletions import tombstone
+from tests.support.sensor_loop import add_requested_partitions, evaluate, resources_for
+from tests.support.states import IMAGE_ONLY, backdate
 
 
 def _started_run(instance, job_name: str, tags: dict[str, str] | None = None) -> None:

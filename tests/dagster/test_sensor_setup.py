@@ -8,7 +8,7 @@ from media_usage_orchestration import sensors
 from media_usage_orchestration.local.in_process_lane import LANE_SENSORS
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.schema import EMDASH_TABLES, missing_tables
-from tests.dagster.sensor_loop import evaluate, resources_for
+from tests.support.sensor_loop import evaluate, resources_for
 
 
 @pytest.mark.parametrize("sensor", LANE_SENSORS, ids=lambda sensor: sensor.name)

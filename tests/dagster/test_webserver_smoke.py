@@ -32,9 +32,9 @@ from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
-from tests.dagster.reconciliation_support import PROJECT_ROOT, write_collections
 from tests.dagster.test_definitions_contract import JOBS, LOCATION, SCHEDULES, SENSORS
-from tests.support import all_rows
+from tests.support.reconciliation_runs import PROJECT_ROOT, write_collections
+from tests.support.states import all_rows
 
 pytestmark = [
     pytest.mark.slow,

@@ -36,9 +36,9 @@ from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     verify_capture_triggers,
 )
-from tests.dagster.ops_support import invoke
-from tests.factories import draft_revision, insert_registry
-from tests.processing.projection_helpers import (
+from tests.support.factories import draft_revision, insert_registry
+from tests.support.ops import invoke
+from tests.support.projection import (
     active_collection,
     canonical_key,
     coverage,
@@ -49,7 +49,7 @@ from tests.processing.projection_helpers import (
     work_count,
     work_for,
 )
-from tests.support import all_rows, one, set_activation, snapshot, status_row
+from tests.support.states import all_rows, one, set_activation, snapshot, status_row
 
 COUNTS = ("claimed", "completed", "retry", "failed", "superseded", "obsolete", "claim_lost")
 

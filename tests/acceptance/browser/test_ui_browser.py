@@ -1,0 +1,269 @@
+"""What an operator does in the Dagster UI, in headless Chromium, on a demo instance.
+
+One `dagster-webserver` for the module serves `workspace.yaml` on a small demo (its SQLite
+database and its own instance, made by `run_demo`); runs the UI launches go to a run worker
+process each (the default run launcher and coordinator). The backfill dialog only stores a
+backfill: the test then runs the backfill daemon's own iteration once, as `dagster-daemon`
+would, over the same instance. Every test leaves a screenshot in `ui-screenshots/`.
+
+The tests build on each other in file order, as one operator session: re-execute a demo run
+of `articles`, fail a `pages` item for good, force a backfill of `articles`, then find every
+`articles` run through the tag filter.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator
+
+import dagster as dg
+import pytest
+from dagster._core.execution.backfill import BulkActionStatus
+from dagster._core.storage.tags import BACKFILL_ID_TAG, PARTITION_NAME_TAG
+from playwright.sync_api import Page, expect, sync_playwright
+from rich.console import Console
+
+from media_usage_orchestration.demo import DELETED_COLLECTION, DemoCollection, run_demo
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.local.in_process_lane import execute_job
+from media_usage_orchestration.ops.reconciliation import FORCE_TAG
+from media_usage_orchestration.resources.automation import MediaUsageAutomation
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
+from tests.dagster.test_webserver_smoke import INSTANCE_YAML, running_webserver
+from tests.support.browser import (
+    LOCATION_PATH,
+    UI_TIMEOUT_MS,
+    DemoUi,
+    launch_chromium,
+    listed_run_ids,
+    require_chromium,
+    run_link,
+)
+from tests.support.reconciliation_runs import (
+    COLLECTION_TAG,
+    COMPLETE_RUN,
+    OUTCOME_TAG,
+    RECONCILIATION_JOB,
+    RESOURCE_LIMIT,
+    backfill_runs,
+    daemon_workspace,
+    index_drift,
+    lose_one_source,
+    oversized_entry,
+    run_events,
+    step_outcomes,
+)
+from tests.support.states import status_row
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.browser,
+    pytest.mark.filterwarnings(
+        "ignore:Using variable_values and operation_name:DeprecationWarning"
+    ),
+]
+
+DEMO = (
+    DemoCollection("articles", "art", 12),
+    DemoCollection("pages", "pag", 8),
+    DemoCollection(DELETED_COLLECTION, "pro", 4),
+)
+JOB_PATH = f"{LOCATION_PATH}/jobs/{RECONCILIATION_JOB.name}"
+WORK_JOB = "media_usage_work"
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory) -> Iterator[DemoUi]:
+    require_chromium()
+    root = tmp_path_factory.mktemp("ui")
+    home = root / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(INSTANCE_YAML)
+    url = f"sqlite:///{root / 'media_usage.db'}"
+    output = io.StringIO()
+    assert run_demo(url, Console(file=output, width=120), home, DEMO) == 0, output.getvalue()
+    engine = create_database_engine(url)
+    with (
+        pytest.MonkeyPatch.context() as environment,
+        running_webserver(root, url, home) as webserver,
+        dg.DagsterInstance.from_config(str(home)) as instance,
+        sync_playwright() as playwright,
+    ):
+        environment.setenv(DATABASE_URL_ENV, url)  # for the backfill daemon's code server
+        expect.set_options(timeout=UI_TIMEOUT_MS)
+        browser = launch_chromium(playwright)
+        try:
+            yield DemoUi(webserver, instance, engine, browser)
+        finally:
+            browser.close()
+            engine.dispose()
+
+
+def _reconciliation_runs(ui: DemoUi, slug: str) -> list[dg.DagsterRun]:
+    return ui.instance.get_runs(
+        filters=dg.RunsFilter(job_name=RECONCILIATION_JOB.name, tags={PARTITION_NAME_TAG: slug})
+    )
+
+
+# --- (a) a demo run on its job's Runs tab, re-executed -----------------------------------------
+
+
+def test_a_demo_run_is_on_its_jobs_runs_tab_and_re_execute_all_succeeds(ui):
+    # The demo's own run: the other tests' runs of the same fixture are forced or re-executions.
+    [demo_run] = [
+        run
+        for run in _reconciliation_runs(ui, "articles")
+        if not run.parent_run_id and FORCE_TAG not in run.tags
+    ]
+
+    with ui.page("a_reexecute_all") as page:
+        page.goto(ui.url(f"{JOB_PATH}/runs"))
+        run_link(page, demo_run.run_id).click()
+        page.wait_for_url(f"**/runs/{demo_run.run_id}")
+        page.get_by_role("button", name=re.compile(r"^Re-execute all")).click()
+        page.wait_for_url(re.compile(r"/runs/(?!" + demo_run.run_id + r")[0-9a-f-]{36}"))
+        new_run_id = page.url.rsplit("/runs/", 1)[1].split("?")[0]
+        rerun = ui.wait_for_run(new_run_id)
+        expect(page.get_by_text("Success").first).to_be_visible()
+
+    assert rerun.status is dg.DagsterRunStatus.SUCCESS, ui.webserver.stderr_tail()
+    assert (rerun.parent_run_id, rerun.tags[COLLECTION_TAG]) == (demo_run.run_id, "articles")
+    # Coverage was already complete: the re-executed run had nothing to do, and says so.
+    assert rerun.tags[OUTCOME_TAG] == "already_complete"
+
+
+# --- (b) an item failed for good fails the coverage check ------------------------------------
+
+
+def test_an_item_failed_for_good_shows_the_coverage_check_failed_on_the_checks_tab(ui):
+    CmsWriter(ui.engine).insert_entry("pages", oversized_entry("oversized"))
+    work = ui.wait_for_run(ui.webserver.submit_job_execution(WORK_JOB))
+    assert work.status is dg.DagsterRunStatus.SUCCESS, ui.webserver.stderr_tail()
+    assert status_row(ui.engine, "pages")["status"] != "complete"
+
+    with ui.page("b_checks_tab") as page:
+        page.goto(ui.url("/assets/media_usage_index?view=checks"))
+        expect(page.get_by_text("Latest execution")).to_be_visible()
+        # The latest evaluation: the work run's, for `pages`, failed with the item's code.
+        expect(_field(page, "Evaluation result")).to_contain_text("Failed")
+        expect(_field(page, "Partition")).to_contain_text("pages")
+        expect(_field(page, "Timestamp").locator("a")).to_have_attribute(
+            "href", re.compile(f"^/runs/{work.run_id}")
+        )
+        expect(page.get_by_text(f"failed work item(s): {RESOURCE_LIMIT}: 1")).to_be_visible()
+
+
+def _field(page: Page, label: str):
+    """A labelled field of the check's latest execution (the label and its value)."""
+    return page.locator(f"xpath=//span[normalize-space()='{label}']/..").first
+
+
+# --- (c) a forced backfill from the dialog ---------------------------------------------------
+
+
+def _launch_backfill_in_dialog(page: Page, slug: str, tags: dict[str, str]) -> None:
+    page.get_by_role("button", name="Launch backfill…").click()
+    dialog = page.get_by_role("dialog").filter(
+        has_text="Launch media_usage_reconciliation backfill"
+    )
+    dialog.get_by_text("Select a partition or create one").click()
+    page.get_by_role("menuitem").filter(has_text=re.compile(f"^{slug}")).click()
+    dialog.get_by_text("Launch media_usage_reconciliation backfill").click()  # close the list
+    # A complete collection's partition counts as completed, which the dialog leaves out
+    # unless asked: keep every status.
+    for status in ("Missing", "Failed", "Queued", "In progress", "Completed"):
+        if not dialog.get_by_role("checkbox", name=re.compile(f"^{status} \\(")).is_checked():
+            dialog.get_by_text(re.compile(f"^{status} \\(")).click()
+    dialog.get_by_role("button", name="Add tags to backfill runs").click()
+    for key, value in tags.items():
+        page.get_by_placeholder("Tag Key").last.fill(key)
+        page.get_by_placeholder("Tag Value").last.fill(value)
+    page.get_by_role("button", name="Apply").click()
+    for key, value in tags.items():
+        expect(dialog.get_by_text(f"{key}: {value}")).to_be_visible()
+    dialog.get_by_role("button", name="Submit 1 run").click()
+    expect(dialog).to_have_count(0)
+
+
+def _run_backfill_daemon(ui: DemoUi, backfill_id: str) -> list[dg.DagsterRun]:
+    with daemon_workspace(ui.instance) as workspace:
+        runs = backfill_runs(ui.instance, workspace, backfill_id)
+    return [ui.wait_for_run(run.run_id) for run in runs]
+
+
+def test_a_forced_backfill_from_the_dialog_re_reconciles_a_complete_collection(ui):
+    assert status_row(ui.engine, "articles")["status"] == "complete"
+    epoch = status_row(ui.engine, "articles")["change_epoch"]
+    lose_one_source(ui.engine, "articles")
+    known = {backfill.backfill_id for backfill in ui.instance.get_backfills()}
+
+    with ui.page("c_forced_backfill") as page:
+        page.goto(ui.url(f"{JOB_PATH}/partitions"))
+        _launch_backfill_in_dialog(page, "articles", {FORCE_TAG: "true"})
+        [backfill] = [b for b in ui.instance.get_backfills() if b.backfill_id not in known]
+        assert (backfill.partition_names, backfill.tags.get(FORCE_TAG)) == (["articles"], "true")
+
+        [run] = _run_backfill_daemon(ui, backfill.backfill_id)
+        page.goto(ui.url(f"/runs/{run.run_id}"))
+        # The run's last op reports its outcome on its `outcome` output (a structured event).
+        expect(page.get_by_text('Yielded output "outcome"')).to_be_visible()
+        expect(page.get_by_text("Success").first).to_be_visible()
+
+    assert ui.instance.get_backfill(backfill.backfill_id).status in (
+        BulkActionStatus.COMPLETED,
+        BulkActionStatus.COMPLETED_SUCCESS,
+    )
+    assert run.status is dg.DagsterRunStatus.SUCCESS, ui.webserver.stderr_tail()
+    assert (run.tags[BACKFILL_ID_TAG], run.tags[FORCE_TAG]) == (backfill.backfill_id, "true")
+    assert step_outcomes(run_events(ui.instance, run.run_id)) == COMPLETE_RUN
+    # Re-reconciled: a new epoch, and the source lost behind the index's back is back.
+    status = status_row(ui.engine, "articles")
+    assert (status["status"], status["reconciliation_required"]) == ("complete", 0)
+    assert status["change_epoch"] > epoch
+    assert index_drift(ui.engine, "articles") == []
+
+
+# --- (d) every run of a collection through the tag filter -------------------------------------
+
+
+def _force_reconciliation_in_process(ui: DemoUi, slug: str) -> None:
+    """One more run of `slug`'s reconciliation, as an operator's forced Launchpad run, so the
+    list holds more than the demo's run whichever tests ran before on this fixture."""
+    url = ui.engine.url.render_as_string(hide_password=False)
+    resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
+    run = execute_job(
+        ui.instance,
+        resources,
+        RECONCILIATION_JOB.name,
+        partition_key=slug,
+        tags={FORCE_TAG: "true"},
+    )
+    assert run.success, run
+
+
+def test_the_runs_list_filtered_by_the_collection_tag_finds_every_run_of_it(ui):
+    _force_reconciliation_in_process(ui, "articles")
+    # Every run of `articles`, found without its tag: the runs of its partition (with the
+    # backfill's when the backfill test ran before on this fixture).
+    expected = {run.run_id for run in _reconciliation_runs(ui, "articles")}
+    assert len(expected) >= 2
+    tagged = ui.instance.get_runs(filters=dg.RunsFilter(tags={COLLECTION_TAG: "articles"}))
+    assert {run.run_id for run in tagged} == expected
+
+    with ui.page("d_runs_by_collection_tag") as page:
+        page.goto(ui.url("/runs"))
+        # Runs launched by a backfill are hidden from the list unless asked for.
+        page.get_by_text("Show runs within backfills").click()
+        page.get_by_role("button", name="Filter").click()
+        page.get_by_text("Tag", exact=True).click()
+        page.get_by_text(COLLECTION_TAG, exact=True).click()
+        page.get_by_role("menuitem", name="tag articles").click()
+        page.keyboard.press("Escape")  # close the filter menu
+        expect(page.get_by_text(f"{COLLECTION_TAG}=articles").first).to_be_visible()
+        for run_id in expected:
+            expect(run_link(page, run_id)).to_be_visible()
+        listed = listed_run_ids(page)
+
+    assert listed == expected

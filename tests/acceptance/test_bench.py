@@ -1,0 +1,267 @@
+"""`media-usage bench` end to end on small databases of both dialects: every mode reports one
+JSON line with its measurement, its phases (seconds and statements) and a verified index; the
+suite's summary computes the acceptance ratios from those lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from media_usage_orchestration.bench.suite import Measurement, findings, plan
+from media_usage_orchestration.cli import main
+from media_usage_orchestration.emdash_double.generated_work import insert_generated_work
+from media_usage_orchestration.emdash_double.statement_counter import counting_statements
+from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.phases import OTHER, PHASES, PhaseClock, phase, timing
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import create_database_engine
+from media_usage_orchestration.store.probes import earliest_due_work
+from tests.support.databases import postgres_admin_url, require_postgres
+from tests.support.states import count, make_collection
+
+FIELDS = {
+    "mode",
+    "dialect",
+    "entries",
+    "seconds",
+    "entries_per_second",
+    "runs",
+    "peak_rss_mb",
+    "verified",
+    "workers",
+    "statements",
+    "statements_per_entry",
+    "phases",
+}
+DIALECT_NAMES = {"sqlite": "sqlite", "postgres": "postgresql"}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def server(request) -> list[str]:
+    """The bench's database arguments: none (a temporary SQLite file) or a PostgreSQL server."""
+    if request.param == "sqlite":
+        return []
+    require_postgres()
+    return ["--database-url", postgres_admin_url()]
+
+
+def invoke(*arguments: str):
+    return CliRunner().invoke(main, ["bench", *arguments])
+
+
+def run_bench(*arguments: str) -> dict:
+    result = invoke("--entries", "120", *arguments)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_phases_add_up(report: dict) -> None:
+    phases = report["phases"]
+    assert set(phases) == {*PHASES, OTHER}
+    assert sum(each["seconds"] for each in phases.values()) == pytest.approx(
+        report["seconds"], abs=0.01
+    )
+    assert sum(each["statements"] for each in phases.values()) == report["statements"]
+    assert report["statements_per_entry"] > 0
+    for name in PHASES:  # a reconciliation from scratch runs every phase
+        assert phases[name]["seconds"] > 0 and phases[name]["statements"] > 0, name
+
+
+@pytest.mark.parametrize("mode", ["driver", "dagster"])
+def test_reconcile_bench_reports_a_verified_measurement_per_phase(mode, server):
+    report = run_bench("--mode", mode, *server)
+
+    assert set(report) == FIELDS
+    dialect = "sqlite" if not server else "postgresql"
+    assert (report["mode"], report["dialect"], report["entries"]) == (mode, dialect, 120)
+    assert report["verified"] is True and report["workers"] == 1
+    assert report["seconds"] > 0 and report["entries_per_second"] > 0
+    assert report["runs"] >= 1 and report["peak_rss_mb"] > 0
+    assert_phases_add_up(report)
+
+
+@pytest.mark.parametrize("path", ["batch", "tick"])
+def test_work_bench_reports_the_path_it_measured(path):
+    report = run_bench("--workload", "work", "--path", path)
+
+    assert FIELDS | {"workload", "path"} == set(report)
+    assert (report["workload"], report["path"], report["dialect"]) == ("work", path, "sqlite")
+    assert report["verified"] is True
+    assert report["phases"]["drain"]["statements"] > 0
+
+
+def test_workers_are_refused_on_sqlite_and_nothing_is_measured():
+    result = invoke("--entries", "50", "--workers", "2")
+
+    assert result.exit_code == 2
+    assert "--workers needs PostgreSQL" in result.output
+    assert "entries/s" not in result.output
+
+
+def test_workers_are_refused_with_the_dagster_lane():
+    require_postgres()
+    result = invoke("--workers", "2", "--mode", "dagster", "--database-url", postgres_admin_url())
+
+    assert result.exit_code == 2
+    assert "use --mode driver" in result.output
+
+
+@pytest.mark.slow
+def test_two_workers_drain_on_postgresql_and_report_the_speedup():
+    require_postgres()
+    report = run_bench("--workers", "2", "--database-url", postgres_admin_url())
+
+    assert report["verified"] is True and report["workers"] == 2
+    assert report["baseline_drain_seconds"] > 0 and report["drain_speedup"] > 0
+    assert_phases_add_up(report)
+
+
+def test_profile_writes_a_cprofile_and_prints_its_top_functions(tmp_path):
+    profile = tmp_path / "bench.prof"
+    result = invoke("--entries", "30", "--profile", str(profile))
+
+    assert result.exit_code == 0, result.output
+    assert profile.stat().st_size > 0
+    assert "top 20 by cumulative time" in result.output
+    assert "run_to_completion" in result.output
+
+
+def test_the_tick_bench_times_the_work_sensor_over_generated_rows(server):
+    result = invoke("--workload", "tick", "--entries", "400", *server)
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["workload"] == "tick" and report["work_rows"] == 400
+    assert 0 < report["probe_ms"] <= report["probe_max_ms"]
+    assert 0 < report["tick_ms"] <= report["tick_max_ms"]
+
+
+# --- the pieces -----------------------------------------------------------------------------
+
+
+def test_generated_work_is_one_collection_backlog_with_a_due_earliest_item(db):
+    collection = make_collection(db.engine, "articles")
+    activate(db.engine)
+
+    assert insert_generated_work(db.engine, collection.id, collection.slug, 81) == 81
+
+    assert count(db.engine, schema.work, collection_id=collection.id) == 81
+    assert count(db.engine, schema.work, state="pending") == 76
+    assert count(db.engine, schema.work, state="retry") == 2
+    assert count(db.engine, schema.work, state="leased") == 3
+    due = earliest_due_work(db.engine)
+    assert due is not None and due.collection_id == collection.id
+    assert due.content_id.startswith("gen-") and due.lease_expired is False
+
+
+def test_generated_work_refuses_a_count_that_is_not_positive(db):
+    collection = make_collection(db.engine, "articles")
+
+    with pytest.raises(ValueError, match="Generated work row count"):
+        insert_generated_work(db.engine, collection.id, collection.slug, 0)
+    assert count(db.engine, schema.work) == 0
+
+
+def test_statements_are_counted_for_the_named_database_only(db, tmp_path):
+    other = create_database_engine(f"sqlite:///{tmp_path / 'other.db'}")
+    running = ["ours"]
+    try:
+        with counting_statements(db.url, label=lambda: running[0]) as counts:
+            for _ in range(3):
+                with db.engine.connect() as connection:
+                    connection.exec_driver_sql("SELECT 1")
+            running[0] = "theirs"
+            with other.connect() as connection:
+                connection.exec_driver_sql("SELECT 1")
+    finally:
+        other.dispose()
+
+    assert set(counts.by_label()) == {"ours"}
+    assert counts.total == counts.by_label()["ours"] >= 3
+
+
+def test_phases_are_exclusive_and_sum_to_the_time_measured():
+    ticks = iter(range(0, 100, 1))
+    clock = PhaseClock(clock=lambda: float(next(ticks)))  # 0
+    with timing(clock), phase("scan"), phase("drain"):  # 1, then 2
+        pass  # 3 back to scan, 4 back to other
+    seconds = clock.stop()  # 5
+
+    assert seconds == {
+        "scan": 2.0,
+        "drain": 1.0,
+        "sources": 0.0,
+        "finalize": 0.0,
+        "other": 2.0,
+    }
+
+
+def test_the_suite_plans_every_measurement_and_judges_the_targets():
+    planned = plan(5000, "postgresql+psycopg://server/db", 1_000_000, True, repeat=2)
+    base = ["sqlite driver", "sqlite dagster", "postgresql driver", "postgresql dagster"]
+    assert [(name, round_) for name, _, round_ in planned] == [
+        *((name, 1) for name in base),
+        *((name, 2) for name in base),
+        ("sqlite driver 10x", 1),
+        ("sqlite dagster 10x", 1),
+        ("postgresql driver 10x", 1),
+        ("postgresql 2 workers", 1),
+        ("sqlite tick", 1),
+        ("postgresql tick", 1),
+    ]
+
+    def measured(name: str, round_: int = 1, **record) -> Measurement:
+        return Measurement(name, (), {"peak_rss_mb": 100.0, **record}, round=round_)
+
+    judged = findings(
+        [
+            measured("sqlite driver", seconds=2.0, entries_per_second=2500.0),
+            measured("sqlite dagster", seconds=2.1, entries_per_second=2380.0),
+            measured("sqlite driver", 2, seconds=2.6, entries_per_second=1920.0),
+            measured("sqlite dagster", 2, seconds=3.0, entries_per_second=1670.0),
+            measured("sqlite driver", 3, seconds=2.2, entries_per_second=2270.0),
+            measured("sqlite dagster", 3, seconds=2.4, entries_per_second=2080.0),
+            measured("sqlite driver 10x", seconds=23.0, entries_per_second=2170.0),
+            measured("sqlite dagster 10x", seconds=23.4, entries_per_second=2140.0),
+            measured("postgresql 2 workers", drain_speedup=1.5),
+            measured("sqlite tick", work_rows=10, tick_ms=40.0, probe_ms=3.0),
+        ]
+    )
+
+    # Medians: driver 2.2 s, Dagster 2.4 s (each combination's own median run).
+    assert {what: (value, met) for what, value, _, met in judged} == {
+        "sqlite Dagster entries/s (medians of 3)": (2080.0, True),
+        "sqlite Dagster/driver time (medians of 3)": (1.09, True),
+        "sqlite Dagster/driver time, 10x entries": (1.02, True),
+        "sqlite 10x entries time ratio": (10.45, True),
+        "sqlite work sensor tick ms (10 rows)": (40.0, True),
+        "sqlite work sensor probe ms (10 rows)": (3.0, True),
+        "peak RSS MB (largest)": (100.0, True),
+        "postgresql drain, 2 workers over 1": (1.5, False),
+    }
+    assert [each.label for each in (measured("a"), measured("a", 2))] == ["a", "a #2"]
+
+
+def test_the_dagster_lane_on_postgresql_keeps_instance_storage_in_postgresql_and_drops_it():
+    """As deploy/dagster.yaml deploys it: runs and events in PostgreSQL (a scratch database)."""
+    from sqlalchemy import make_url, text
+
+    from media_usage_orchestration.bench.instance import bench_instance
+
+    require_postgres()
+    with bench_instance(postgres_admin_url()) as instance:
+        storage = instance.event_log_storage
+        assert type(storage).__name__ == "PostgresEventLogStorage"
+        database = make_url(storage.postgres_url).database
+        assert database.startswith("media_usage_bench_dagster_")
+    admin = create_database_engine(postgres_admin_url())
+    try:
+        with admin.connect() as connection:
+            left = connection.execute(
+                text("SELECT count(*) FROM pg_database WHERE datname = :name"), {"name": database}
+            ).scalar_one()
+    finally:
+        admin.dispose()
+    assert left == 0
