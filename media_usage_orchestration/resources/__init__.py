@@ -1,0 +1,1 @@
+"""Dagster resources: the database (URL to Engine) and the automation knobs."""

@@ -35,36 +35,54 @@ from media_usage_orchestration.emdash_double.scratch import scratch_schema, with
 from media_usage_orchestration.store.core.engine import create_database_engine, normalize_url
 from media_usage_orchestration.store.core.schema import EMDASH_TABLES, install_schema
 
-# One row per object of the schema, each spelled by PostgreSQL itself; their digest is the
-# schema's shape. Row contents are not part of it (they are deleted and re-seeded).
-_CATALOG_DIGEST = text(
+# What a test may have changed, in one statement: the digest of EmDash's tables as PostgreSQL
+# spells them (columns with types and defaults, indexes, constraints, triggers) and of the
+# functions a fresh install has, and what the test added besides (content tables, views,
+# sequences, capture trigger functions), as the statements that drop it. Row contents are not
+# part of the digest: they are deleted and re-seeded.
+_INSPECTION = text(
     """
-    SELECT md5(string_agg(item, E'\\n' ORDER BY item)) FROM (
-        SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid,
-               a.atttypmod) || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END || ' '
+    WITH base AS (
+        SELECT c.oid, c.relname FROM pg_class c
+        WHERE c.relnamespace = current_schema()::regnamespace
+          AND c.relname = ANY(CAST(:tables AS text[]))
+    ), shape AS (
+        SELECT 'column ' || b.relname || '.' || a.attname || ' '
+               || format_type(a.atttypid, a.atttypmod)
+               || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END || ' '
                || coalesce(pg_get_expr(d.adbin, d.adrelid), '') AS item
-        FROM pg_class c
-        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-        LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
-        WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p', 'v')
+        FROM base b
+        JOIN pg_attribute a ON a.attrelid = b.oid AND a.attnum > 0 AND NOT a.attisdropped
+        LEFT JOIN pg_attrdef d ON d.adrelid = b.oid AND d.adnum = a.attnum
         UNION ALL
         SELECT 'index ' || pg_get_indexdef(i.indexrelid)
-        FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-        WHERE c.relnamespace = current_schema()::regnamespace
+        FROM pg_index i JOIN base b ON b.oid = i.indrelid
         UNION ALL
-        SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid)
-        FROM pg_constraint WHERE connamespace = current_schema()::regnamespace
+        SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(k.oid)
+        FROM pg_constraint k JOIN base b ON b.oid = k.conrelid
         UNION ALL
         SELECT 'trigger ' || pg_get_triggerdef(t.oid)
-        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-        WHERE c.relnamespace = current_schema()::regnamespace AND NOT t.tgisinternal
+        FROM pg_trigger t JOIN base b ON b.oid = t.tgrelid WHERE NOT t.tgisinternal
         UNION ALL
         SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(p.prosrc)
-        FROM pg_proc p WHERE p.pronamespace = current_schema()::regnamespace
-        UNION ALL
-        SELECT 'sequence ' || relname FROM pg_class
-        WHERE relnamespace = current_schema()::regnamespace AND relkind = 'S'
-    ) AS shape
+        FROM pg_proc p
+        WHERE p.pronamespace = current_schema()::regnamespace
+          AND p.oid::regprocedure::text = ANY(CAST(:functions AS text[]))
+    )
+    SELECT
+        (SELECT md5(string_agg(item, E'\\n' ORDER BY item)) FROM shape) AS digest,
+        (SELECT coalesce(string_agg(format('DROP %s IF EXISTS %I CASCADE;',
+                CASE relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                             WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, relname), ' '), '')
+         FROM pg_class
+         WHERE relnamespace = current_schema()::regnamespace
+           AND relkind IN ('r', 'p', 'v', 'm', 'S')
+           AND relname <> ALL(CAST(:tables AS text[]))) AS drop_relations,
+        (SELECT coalesce(string_agg(format('DROP FUNCTION IF EXISTS %s CASCADE;',
+                p.oid::regprocedure), ' '), '')
+         FROM pg_proc p
+         WHERE p.pronamespace = current_schema()::regnamespace
+           AND p.oid::regprocedure::text <> ALL(CAST(:functions AS text[]))) AS drop_functions
     """
 )
 _EMDASH_TABLE_NAMES = frozenset(table.name for table in EMDASH_TABLES)
@@ -138,17 +156,21 @@ class PostgresSchemaPool:
         return schema, url
 
     def _cleaned(self, url: str) -> bool:
-        """Drop what the test added and delete every row; True when the schema is as fresh."""
-        assert self._fresh is not None
+        """Drop what the test added and delete every row; True when the schema is as fresh.
+        Two round trips: the inspection, then one script."""
+        fresh = self._fresh
+        assert fresh is not None
         engine = create_engine(url, poolclass=NullPool)
         try:
             with engine.begin() as connection:
                 # A test that left a lock behind costs its schema, not the suite's time.
                 connection.exec_driver_sql("SET LOCAL lock_timeout = '5s'")
-                _drop_additions(connection, self._fresh.functions)
-                if connection.execute(_CATALOG_DIGEST).scalar_one() != self._fresh.digest:
+                found = connection.execute(_INSPECTION, fresh.parameters).one()
+                if found.digest != fresh.digest:
                     return False
-                _reset_rows(connection, self._fresh.rows)
+                connection.exec_driver_sql(
+                    found.drop_relations + found.drop_functions + fresh.reset_script
+                )
             return True
         except SQLAlchemyError:
             return False
@@ -162,59 +184,42 @@ class PostgresSchemaPool:
 
 @dataclass(frozen=True)
 class _FreshInstall:
-    """What a fresh install holds: its catalog digest, its functions and its seed rows."""
+    """What a fresh install holds: its shape's digest, its functions, and the script that puts
+    its rows back (every row deleted with triggers and foreign keys off, since the cleanup fence
+    refuses some deletes; then the rows the installer seeds)."""
 
     digest: str
-    functions: frozenset[str]
-    rows: dict[str, list[dict]]
+    functions: tuple[str, ...]
+    reset_script: str
+
+    @property
+    def parameters(self) -> dict[str, list[str]]:
+        return {"tables": sorted(_EMDASH_TABLE_NAMES), "functions": list(self.functions)}
 
     @classmethod
     def read(cls, connection: Connection) -> _FreshInstall:
-        return cls(
-            connection.execute(_CATALOG_DIGEST).scalar_one(),
-            frozenset(_functions(connection)),
-            {
-                table.name: [dict(row) for row in connection.execute(select(table)).mappings()]
-                for table in EMDASH_TABLES
-            },
+        functions = tuple(
+            connection.exec_driver_sql(
+                "SELECT oid::regprocedure::text FROM pg_proc"
+                " WHERE pronamespace = current_schema()::regnamespace"
+            ).scalars()
         )
+        parameters = {"tables": sorted(_EMDASH_TABLE_NAMES), "functions": list(functions)}
+        digest = connection.execute(_INSPECTION, parameters).one().digest
+        return cls(digest, functions, _reset_script(connection))
 
 
-def _functions(connection: Connection) -> list[str]:
-    return list(
-        connection.exec_driver_sql(
-            "SELECT oid::regprocedure::text FROM pg_proc"
-            " WHERE pronamespace = current_schema()::regnamespace"
-        ).scalars()
-    )
-
-
-def _drop_additions(connection: Connection, fresh_functions: frozenset[str]) -> None:
-    """Tables, views, sequences and functions a test created (content tables and their capture
-    trigger functions); a digest mismatch catches anything else, such as a changed column or a
-    trigger added to or removed from EmDash's tables."""
-    relations = connection.exec_driver_sql(
-        "SELECT relname, relkind FROM pg_class WHERE relnamespace = current_schema()::regnamespace"
-        " AND relkind IN ('r', 'p', 'v', 'm', 'S')"
-    ).all()
-    kinds = {"r": "TABLE", "p": "TABLE", "v": "VIEW", "m": "MATERIALIZED VIEW", "S": "SEQUENCE"}
-    for name, kind in relations:
-        if name not in _EMDASH_TABLE_NAMES:
-            connection.exec_driver_sql(f'DROP {kinds[kind]} IF EXISTS "{name}" CASCADE')
-    for function in _functions(connection):
-        if function not in fresh_functions:
-            connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {function} CASCADE")
-
-
-def _reset_rows(connection: Connection, seed_rows: dict[str, list[dict]]) -> None:
-    """Every row deleted with triggers and foreign keys off (the cleanup fence refuses some
-    deletes), then the rows a fresh install seeds."""
-    connection.exec_driver_sql("SET LOCAL session_replication_role = replica")
-    for table in reversed(EMDASH_TABLES):
-        connection.execute(table.delete())
+def _reset_script(connection: Connection) -> str:
+    statements = ["SET LOCAL session_replication_role = replica;"]
+    statements += [f'DELETE FROM "{table.name}";' for table in reversed(EMDASH_TABLES)]
     for table in EMDASH_TABLES:
-        if seed_rows[table.name]:
-            connection.execute(table.insert(), seed_rows[table.name])
+        for row in connection.execute(select(table)).mappings():
+            insert = table.insert().values(**row)
+            compiled = insert.compile(
+                dialect=connection.dialect, compile_kwargs={"literal_binds": True}
+            )
+            statements.append(f"{compiled};")
+    return " ".join(statements)
 
 
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

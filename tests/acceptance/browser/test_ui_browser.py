@@ -7,8 +7,10 @@ backfill: the test then runs the backfill daemon's own iteration once, as `dagst
 would, over the same instance. Every test leaves a screenshot in `ui-screenshots/`.
 
 The tests build on each other in file order, as one operator session: re-execute a demo run
-of `articles`, fail a `pages` item for good, force a backfill of `articles`, then find every
-`articles` run through the tag filter.
+of `articles`, fail a `pages` item for good, force a backfill of `articles`, find every
+`articles` run through the tag filter, read the Plots of `media_usage_coverage/articles` after
+several work runs, then delete `pages` and see its key leave the catalog on "Reload
+definitions".
 """
 
 from __future__ import annotations
@@ -21,16 +23,20 @@ import dagster as dg
 import pytest
 from dagster._core.execution.backfill import BulkActionStatus
 from dagster._core.storage.tags import BACKFILL_ID_TAG, PARTITION_NAME_TAG
+from dagster_graphql import DagsterGraphQLClient
 from playwright.sync_api import Page, expect, sync_playwright
 from rich.console import Console
 
+from media_usage_orchestration.assets.coverage_history import coverage_history_key
 from media_usage_orchestration.demo import DELETED_COLLECTION, DemoCollection, run_demo
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import sample_entry
 from media_usage_orchestration.local.in_process_lane import execute_job
 from media_usage_orchestration.ops.reconciliation import FORCE_TAG
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
+from tests.dagster.test_coverage_check import SHOWN
 from tests.dagster.test_webserver_smoke import INSTANCE_YAML, running_webserver
 from tests.support.browser import (
     LOCATION_PATH,
@@ -267,3 +273,51 @@ def test_the_runs_list_filtered_by_the_collection_tag_finds_every_run_of_it(ui):
         listed = listed_run_ids(page)
 
     assert listed == expected
+
+
+# ==================================================================================================
+# (e) a collection's coverage over time, and a deleted collection leaving the catalog
+# ==================================================================================================
+
+
+PLOTTED = (*SHOWN, "duration_seconds")
+CATALOG = "/assets?groups=media_usage_coverage"
+
+
+def test_a_collections_plots_show_its_numbers_over_time(ui):
+    writer = CmsWriter(ui.engine)
+    for index in range(3):
+        writer.insert_entry("articles", sample_entry("art", 900 + index))
+        run = ui.wait_for_run(ui.webserver.submit_job_execution(WORK_JOB))
+        assert run.status is dg.DagsterRunStatus.SUCCESS, ui.webserver.stderr_tail()
+    records = ui.instance.fetch_materializations(
+        coverage_history_key("articles"), limit=100, ascending=True
+    ).records
+    entries = [record.asset_materialization.metadata["entries"].value for record in records]
+    assert len(entries) >= 4 and entries[-3:] == [entries[-4] + 1, entries[-4] + 2, entries[-4] + 3]
+
+    with ui.page("coverage_history_plots") as page:
+        page.goto(ui.url("/assets/media_usage_coverage/articles"))
+        page.get_by_role("button", name=re.compile("Plots")).first.click()
+        for name in PLOTTED:
+            expect(page.get_by_text(name, exact=True).first).to_be_visible()
+
+
+def test_a_deleted_collection_leaves_the_catalog_on_reload(ui):
+    client = DagsterGraphQLClient("127.0.0.1", port_number=ui.webserver.port, timeout=60)
+    request = {"ops": {"request_deletion": {"config": {"collection": "pages", "force": True}}}}
+    with ui.webserver.answering("requesting the deletion of pages"):
+        run_id = client.submit_job_execution("request_collection_deletion", run_config=request)
+    assert ui.wait_for_run(run_id).status is dg.DagsterRunStatus.SUCCESS
+
+    with ui.page("coverage_history_after_reload") as page:
+        page.goto(ui.url(CATALOG))
+        # Still defined: the location loaded while the collection existed.
+        expect(page.get_by_text("media_usage_coverage / pages").first).to_be_visible()
+        page.get_by_role("button", name=re.compile("Reload definitions")).first.click()
+        expect(page.get_by_text("media_usage_coverage / pages")).to_have_count(0)
+        page.reload()
+        expect(page.get_by_text("media_usage_coverage / articles").first).to_be_visible()
+        expect(page.get_by_text("media_usage_coverage / pages")).to_have_count(0)
+        # The demo deleted its collection before this location ever loaded.
+        expect(page.get_by_text(f"media_usage_coverage / {DELETED_COLLECTION}")).to_have_count(0)
