@@ -13,7 +13,7 @@ UV_VERSION := 0.13.9
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "uv==$(UV_VERSION)"
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -c constraints.txt -e '.[dev]'
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,7 +23,7 @@ demo: $(STAMP)
 # one worker, in order, so a module-scoped fixture is built once; the acceptance tier's long
 # modules come first, so the two workers finish together.
 test: $(STAMP)
-	$(BIN)/pytest -n 2 --dist loadscope
+	$(BIN)/pytest -n 2 --dist loadscope --durations=20
 
 # The unit tier alone: no database, a few seconds.
 test-unit: $(STAMP)
