@@ -8,7 +8,7 @@ from media_usage_orchestration.jobs import media_usage_maintenance
 from media_usage_orchestration.ops.common import automation_default_schedule_status
 from media_usage_orchestration.partitions import partition_changes
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.sensors import database_not_ready
+from media_usage_orchestration.sensors.common import database_not_ready
 from media_usage_orchestration.store.probes import pending_settlements
 from media_usage_orchestration.store.registry import read_collection_slugs
 

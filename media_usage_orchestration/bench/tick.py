@@ -38,7 +38,7 @@ def _sensor_evaluation(url: str) -> Callable[[], object]:
     from media_usage_orchestration.definitions import defs
     from media_usage_orchestration.resources.automation import MediaUsageAutomation
     from media_usage_orchestration.resources.database import MediaUsageDatabase
-    from media_usage_orchestration.sensors import media_usage_work_sensor
+    from media_usage_orchestration.sensors.work import media_usage_work_sensor
 
     resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
     instance = dg.DagsterInstance.ephemeral()

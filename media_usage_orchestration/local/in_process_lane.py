@@ -12,11 +12,9 @@ from typing import Any
 import dagster as dg
 
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.sensors import (
-    media_usage_collection_deletion_sensor,
-    media_usage_reconciliation_sensor,
-    media_usage_work_sensor,
-)
+from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
+from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
+from media_usage_orchestration.sensors.work import media_usage_work_sensor
 
 RUN_KEY_TAG = "dagster/run_key"
 LANE_SENSORS: tuple[dg.SensorDefinition, ...] = (

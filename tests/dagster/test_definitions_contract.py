@@ -12,7 +12,7 @@ import dagster as dg
 
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.ops.leased import COLLECTION_TAG, OUTCOME_TAG
-from media_usage_orchestration.sensors import COLLECTION_ID_TAG
+from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 
 JOBS = {
     "media_usage_activation": ["activate_capture"],

@@ -10,7 +10,7 @@ from ulid import ULID
 from media_usage_orchestration.assets.media_library import MEDIA_USAGE_MEDIA_LIBRARY
 from media_usage_orchestration.assets.projection_cleanup import MEDIA_USAGE_PROJECTION_CLEANUP
 from media_usage_orchestration.jobs import media_usage_projection_gc
-from media_usage_orchestration.sensors import media_usage_projection_gc_sensor
+from media_usage_orchestration.sensors.projection_gc import media_usage_projection_gc_sensor
 from media_usage_orchestration.store.core import schema
 from tests.support.media_library import add_media, create_media_table
 from tests.support.projection_gc import (

@@ -20,7 +20,7 @@ from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldS
 from media_usage_orchestration.local.in_process_lane import RUN_KEY_TAG
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import maintenance, steps
-from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
+from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
 from media_usage_orchestration.store.core.schema import install_schema

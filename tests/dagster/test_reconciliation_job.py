@@ -21,7 +21,7 @@ from dagster._core.test_utils import create_run_for_test
 from media_usage_orchestration.local.in_process_lane import execute_request
 from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.schedules import media_usage_maintenance_schedule
-from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
+from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from tests.support import reconstructable_jobs

@@ -9,7 +9,7 @@ from media_usage_orchestration import sensors
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import steps
-from media_usage_orchestration.sensors import COLLECTION_ID_TAG
+from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository
 from media_usage_orchestration.store.work import WorkRepository

@@ -4,8 +4,8 @@ the schema was found, a tick sends only its probe, and a schema lost since is st
 import dagster as dg
 import pytest
 
-from media_usage_orchestration import sensors
 from media_usage_orchestration.local.in_process_lane import LANE_SENSORS
+from media_usage_orchestration.sensors import common as sensor_common
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.schema import EMDASH_TABLES, missing_tables
 from tests.support.sensor_loop import evaluate, resources_for
@@ -34,7 +34,7 @@ def test_the_schema_is_looked_at_again_only_when_the_probe_fails(db, sensor, mon
         looked.append(engine)
         return missing_tables(engine)
 
-    monkeypatch.setattr(sensors, "missing_tables", looking)
+    monkeypatch.setattr(sensor_common, "missing_tables", looking)
     with dg.DagsterInstance.ephemeral() as instance:
         evaluate(sensor, instance, resources_for(db.url))
         evaluate(sensor, instance, resources_for(db.url))

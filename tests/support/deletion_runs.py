@@ -15,7 +15,7 @@ from media_usage_orchestration.jobs import (
     request_collection_deletion,
 )
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.sensors import media_usage_collection_deletion_sensor
+from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
 from media_usage_orchestration.store.core import schema
 from tests.support.deletions import table_exists
 from tests.support.sensor_loop import evaluate, execute_request, resources, step_report

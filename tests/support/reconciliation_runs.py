@@ -30,7 +30,7 @@ from media_usage_orchestration.jobs import (
 )
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.sensors import media_usage_reconciliation_sensor
+from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
 from media_usage_orchestration.store.activation import read_activation
 from media_usage_orchestration.store.core import schema
 from tests.support.sensor_loop import evaluate, resources, step_report

@@ -21,7 +21,7 @@ from media_usage_orchestration.processing.reconciliation.driver import run_to_co
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import process_due_batch
-from media_usage_orchestration.sensors import media_usage_collection_deletion_sensor
+from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository

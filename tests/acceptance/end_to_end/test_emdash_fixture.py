@@ -23,10 +23,8 @@ from media_usage_orchestration.media.fingerprints import field_fingerprint
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.processing.content_reads import load_fields
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.sensors import (
-    media_usage_reconciliation_sensor,
-    media_usage_work_sensor,
-)
+from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
+from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import create_database_engine
 from tests.fixtures import FIXTURE_DB, REFERENCE_END_STATE, REFERENCE_FINGERPRINTS

@@ -21,7 +21,7 @@ from media_usage_orchestration.jobs import media_usage_activation, media_usage_w
 from media_usage_orchestration.local import in_process_lane
 from media_usage_orchestration.media.sources import source_key
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.sensors import media_usage_work_sensor
+from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.sources.writes import SourceRepository
 from tests.support.projection import active_collection, insert_entry

@@ -1,0 +1,102 @@
+"""What every sensor shares: the bounded probe behind a schema check, the runs in flight, the
+run keys that change whenever a row becomes due again."""
+
+import hashlib
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
+
+import dagster as dg
+
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.core.engine import (
+    CONNECTION_ERRORS,
+    DATABASE_URL_ENV,
+    Engine,
+    database_error_message,
+    scrubbed,
+)
+from media_usage_orchestration.store.core.schema import missing_tables
+
+COLLECTION_ID_TAG = "media_usage/collection_id"
+IN_FLIGHT_STATUSES = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+UNSUCCESSFUL_STATUSES = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+T = TypeVar("T")
+
+
+def runs_in_flight(
+    instance: dg.DagsterInstance, job_name: str, tags: dict[str, str] | None = None
+) -> int:
+    return instance.get_runs_count(
+        filters=dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT_STATUSES, tags=tags or {})
+    )
+
+
+def last_unsuccessful_run_id(
+    instance: dg.DagsterInstance, job_name: str, tags: dict[str, str] | None = None
+) -> str | None:
+    """The newest run of the job (with these tags) that failed or was canceled. The daemon
+    never launches a key it has seen, whatever that run's status, so a run that ended without
+    progress must give the same due set a new key, or that work would never be asked for
+    again."""
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(job_name=job_name, statuses=UNSUCCESSFUL_STATUSES, tags=tags or {}),
+        limit=1,
+    )
+    return runs[0].run_id if runs else None
+
+
+# Engines whose database was found with the whole schema. A tick runs in the long-lived code
+# server on the process's shared engine for its URL (`resources/database.py`), so once the
+# schema was there, a tick sends only its probe; the schema is looked at again when the probe
+# fails, to tell a database that lost its schema or its server from a broken probe.
+_schema_found: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def probe_when_ready(
+    database: MediaUsageDatabase, probe: Callable[[Engine], T]
+) -> T | dg.SkipReason:
+    """`probe(engine)`, or the skip that says why the database cannot be probed yet."""
+    engine = database.engine
+    if engine not in _schema_found:
+        if skip := database_not_ready(database):
+            return skip
+        _schema_found.add(engine)
+    try:
+        return probe(engine)
+    except Exception:
+        _schema_found.discard(engine)
+        if skip := database_not_ready(database):
+            return skip
+        raise
+
+
+def database_not_ready(database: MediaUsageDatabase) -> dg.SkipReason | None:
+    """A database the sensor cannot use yet is a setup or operations step away, not a sensor
+    error: one password-free line in the tick history says what to check."""
+    try:
+        missing = missing_tables(database.engine)
+    except CONNECTION_ERRORS as error:
+        reason = scrubbed(database_error_message(error), database.resolved_url())
+        return dg.SkipReason(
+            f"database unreachable at {database.display_url} ({reason}): check "
+            f"{DATABASE_URL_ENV} and that the server is up"
+        )
+    if not missing:
+        return None
+    return dg.SkipReason(
+        f"{database.display_url} lacks the media usage schema ({len(missing)} tables missing, "
+        "e.g. " + missing[0] + "): run `media-usage init` or `make demo`"
+    )
+
+
+def run_key(*parts: object) -> str:
+    """A readable key prefix plus a digest of the due generation."""
+    digest = hashlib.sha256(":".join(str(part) for part in parts).encode()).hexdigest()[:16]
+    return f"{parts[0]}:{parts[1]}:{digest}"

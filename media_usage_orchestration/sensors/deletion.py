@@ -1,0 +1,69 @@
+"""The collection-deletion sensor: one run per due tombstone."""
+
+import dagster as dg
+
+from media_usage_orchestration.jobs import media_usage_collection_deletion
+from media_usage_orchestration.ops.common import automation_default_status
+from media_usage_orchestration.ops.leased import COLLECTION_TAG
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.sensors.common import (
+    COLLECTION_ID_TAG,
+    last_unsuccessful_run_id,
+    probe_when_ready,
+    run_key,
+    runs_in_flight,
+)
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.probes import due_deletions
+
+MAX_DUE_DELETIONS = 25
+
+
+def _due_deletions(engine: Engine):
+    return due_deletions(engine, MAX_DUE_DELETIONS)
+
+
+@dg.sensor(
+    job=media_usage_collection_deletion,
+    minimum_interval_seconds=30,
+    default_status=automation_default_status(),
+    description="One run per due collection-deletion tombstone (pending or retry due, or "
+    "leased with an expired lease); none while a run for that tombstone is in flight.",
+)
+def media_usage_collection_deletion_sensor(
+    context: dg.SensorEvaluationContext, database: MediaUsageDatabase
+):
+    due = probe_when_ready(database, _due_deletions)
+    if isinstance(due, dg.SkipReason):
+        return due
+    requests = []
+    for tombstone in due:
+        tags = {COLLECTION_ID_TAG: tombstone.collection_id}
+        if not tombstone.lease_expired and runs_in_flight(
+            context.instance, media_usage_collection_deletion.name, tags
+        ):
+            continue
+        requests.append(
+            dg.RunRequest(
+                run_key=run_key(
+                    "delete",
+                    tombstone.collection_id,
+                    tombstone.phase,
+                    tombstone.due_at,
+                    tombstone.updated_at,
+                    # a run canceled or failed before its claim left the tombstone unchanged
+                    last_unsuccessful_run_id(
+                        context.instance, media_usage_collection_deletion.name, tags
+                    ),
+                ),
+                run_config={
+                    "ops": {
+                        "claim_deletion": {"config": {"collection_id": tombstone.collection_id}}
+                    }
+                },
+                tags={**tags, COLLECTION_TAG: tombstone.collection_slug},
+            )
+        )
+    if not requests:
+        return dg.SkipReason("no due collection-deletion tombstones without a run in flight")
+    return dg.SensorResult(run_requests=requests)
