@@ -9,34 +9,52 @@ from media_usage_orchestration.assets.coverage_history import with_coverage_hist
 from media_usage_orchestration.assets.index import coverage_complete, media_usage_index
 from media_usage_orchestration.assets.media_library import media_usage_media_library
 from media_usage_orchestration.assets.projection_cleanup import media_usage_projection_cleanup
+from media_usage_orchestration.ops.claim_io import claim_io_manager
+from media_usage_orchestration.previews import SENSOR_OWNERS, accepting
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 
-defs = dg.Definitions(
-    assets=[media_usage_index, media_usage_projection_cleanup, media_usage_media_library],
-    asset_checks=[coverage_complete],
-    jobs=[
-        jobs.media_usage_work,
-        jobs.media_usage_reconciliation,
-        jobs.media_usage_maintenance,
-        jobs.media_usage_activation,
-        jobs.request_collection_deletion,
-        jobs.media_usage_collection_deletion,
-        jobs.retry_media_usage_work_job,
-        jobs.retry_collection_deletion_job,
-        jobs.retry_media_usage_reconciliation_job,
-        jobs.media_usage_projection_gc,
-        jobs.media_usage_coverage_check,
-    ],
-    sensors=[
-        sensors.media_usage_work_sensor,
-        sensors.media_usage_reconciliation_sensor,
-        sensors.media_usage_collection_deletion_sensor,
-        sensors.media_usage_projection_gc_sensor,
-    ],
-    schedules=[schedules.media_usage_maintenance_schedule],
-    resources={"database": MediaUsageDatabase(), "automation": MediaUsageAutomation()},
-    executor=dg.in_process_executor,
+
+def resolved(definitions: dg.Definitions) -> dg.Definitions:
+    """`definitions` with its repository built now (Dagster caches it), where binding the sensors
+    to their jobs' resources warns of a beta parameter Dagster itself passes."""
+    with accepting(SENSOR_OWNERS):
+        definitions.get_repository_def()
+    return definitions
+
+
+defs = resolved(
+    dg.Definitions(
+        assets=[media_usage_index, media_usage_projection_cleanup, media_usage_media_library],
+        asset_checks=[coverage_complete],
+        jobs=[
+            jobs.media_usage_work,
+            jobs.media_usage_reconciliation,
+            jobs.media_usage_maintenance,
+            jobs.media_usage_activation,
+            jobs.request_collection_deletion,
+            jobs.media_usage_collection_deletion,
+            jobs.retry_media_usage_work_job,
+            jobs.retry_collection_deletion_job,
+            jobs.retry_media_usage_reconciliation_job,
+            jobs.media_usage_projection_gc,
+            jobs.media_usage_coverage_check,
+        ],
+        sensors=[
+            sensors.media_usage_work_sensor,
+            sensors.media_usage_reconciliation_sensor,
+            sensors.media_usage_collection_deletion_sensor,
+            sensors.media_usage_projection_gc_sensor,
+        ],
+        schedules=[schedules.media_usage_maintenance_schedule],
+        resources={
+            "database": MediaUsageDatabase(),
+            "automation": MediaUsageAutomation(),
+            # Only the lease-guarded graphs' claims go through an IO manager (ops/claim_io.py).
+            "io_manager": claim_io_manager,
+        },
+        executor=dg.in_process_executor,
+    )
 )
 
 
@@ -44,4 +62,4 @@ defs = dg.Definitions(
 def media_usage_definitions() -> dg.Definitions:
     """What the code location loads (Dagster prefers this to `defs`): `defs` with one coverage
     history asset per live collection, read from the registry once per load."""
-    return with_coverage_history(defs, MediaUsageDatabase())
+    return resolved(with_coverage_history(defs, MediaUsageDatabase()))

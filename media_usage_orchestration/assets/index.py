@@ -24,7 +24,9 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster._core.execution.context.invocation import BaseDirectExecutionContext
 
 from media_usage_orchestration.assets.coverage_history import coverage_history_key
+from media_usage_orchestration.ops.run_tags import tag_run_outcome
 from media_usage_orchestration.partitions import media_usage_collections
+from media_usage_orchestration.previews import PARTITIONED_ASSET_CHECK, accepting
 from media_usage_orchestration.processing.run_loop import WorkDrain
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import Engine
@@ -222,15 +224,7 @@ def coverage_check_evaluation(
     )
 
 
-@dg.asset_check(
-    asset=MEDIA_USAGE_INDEX,
-    name=COVERAGE_CHECK,
-    partitions_def=media_usage_collections,
-    description="Fails (ERROR) unless the collection's coverage is complete with no failed and "
-    "no stuck (lease expired) work; the metadata carries the counts and error codes. Every run "
-    "that changes the collection evaluates it; executing it here reads the database now.",
-)
-def coverage_complete(
+def _coverage_complete(
     context: dg.AssetCheckExecutionContext, database: MediaUsageDatabase
 ) -> dg.AssetCheckResult:
     slug = context.partition_key
@@ -238,18 +232,31 @@ def coverage_complete(
     collection_id = read_collection_id(engine, slug)
     coverage = None if collection_id is None else read_collection_coverage(engine, collection_id)
     if coverage is None:
+        tag_run_outcome(context.op_execution_context, "not_found")
         return dg.AssetCheckResult(
             passed=False,
             severity=dg.AssetCheckSeverity.ERROR,
             description=f"no registry collection {slug!r}",
         )
     evaluation = coverage_check_evaluation(coverage)
+    tag_run_outcome(context.op_execution_context, "passed" if evaluation.passed else "failed")
     return dg.AssetCheckResult(
         passed=evaluation.passed,
         severity=evaluation.severity,
         description=evaluation.description,
         metadata=evaluation.metadata,
     )
+
+
+with accepting(PARTITIONED_ASSET_CHECK):
+    coverage_complete = dg.asset_check(
+        asset=MEDIA_USAGE_INDEX,
+        name=COVERAGE_CHECK,
+        partitions_def=media_usage_collections,
+        description="Fails (ERROR) unless the collection's coverage is complete with no failed and "
+        "no stuck (lease expired) work; the metadata carries the counts and error codes. Every run "
+        "that changes the collection evaluates it; executing it here reads the database now.",
+    )(_coverage_complete)
 
 
 def failed_codes_text(codes: Mapping[str, int]) -> str:

@@ -1,7 +1,7 @@
 """How long the work sensor takes with a large work table: N generated work rows (one
 `INSERT ... SELECT`), then the sensor's probe alone and whole sensor evaluations, timed.
 
-The probe (`earliest_due_work`) is the sensor's only query on the work table; the evaluation
+The probe (`due_work_by_collection`) is the sensor's only query on the work table; the evaluation
 adds the schema check and the instance's run queries. Both must stay well under Dagster's
 evaluation timeout however large the backlog is: the acceptance bound is 50 ms a tick.
 """
@@ -16,7 +16,7 @@ from media_usage_orchestration.bench.database import console, create_collection
 from media_usage_orchestration.emdash_double.generated_work import insert_generated_work
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core.engine import create_database_engine
-from media_usage_orchestration.store.probes import earliest_due_work
+from media_usage_orchestration.store.probes import MAX_DUE_WORK_COLLECTIONS, due_work_by_collection
 
 PROBES = 20
 EVALUATIONS = 5
@@ -64,7 +64,9 @@ def run_tick(url: str, rows: int) -> dict:
         started = time.perf_counter()
         insert_generated_work(engine, collection.id, collection.slug, rows)
         console.print(f"{rows:,} work rows in {time.perf_counter() - started:.1f} s; timing ticks")
-        probe = _milliseconds(lambda: earliest_due_work(engine), PROBES)
+        probe = _milliseconds(
+            lambda: due_work_by_collection(engine, MAX_DUE_WORK_COLLECTIONS), PROBES
+        )
         evaluate = _sensor_evaluation(url)
         evaluate()  # the first evaluation loads the definitions' resources
         ticks = _milliseconds(evaluate, EVALUATIONS)

@@ -34,7 +34,7 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import WorkspaceFileTarget
 from dagster._daemon.sensor import execute_sensor_iteration
 
-from media_usage_orchestration.ops.leased import OUTCOME_TAG
+from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 

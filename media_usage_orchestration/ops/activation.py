@@ -4,6 +4,7 @@ import dagster as dg
 
 from media_usage_orchestration.assets.index import record_collection_by_slug
 from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.run_tags import tag_run_outcome
 from media_usage_orchestration.processing.activation import ActivationOutcome, activate_step
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 
@@ -18,7 +19,7 @@ MAX_ACTIVATION_STEPS = 100_000
 )
 def activate_capture(context: dg.OpExecutionContext, database: MediaUsageDatabase):
     activated: list[str] = []
-    with retry_transient_errors_only():
+    with retry_transient_errors_only(context):
         for _ in range(MAX_ACTIVATION_STEPS):
             result = activate_step(database.engine)
             for slug in result.processed_collections:
@@ -27,16 +28,25 @@ def activate_capture(context: dg.OpExecutionContext, database: MediaUsageDatabas
             if result.outcome is ActivationOutcome.LEASE_ACTIVE:
                 raise dg.Failure(
                     f"Another activation holds the lease until {result.lease_expires_at}",
+                    metadata={"outcome": result.outcome.value},
                     allow_retries=False,
                 )
             if result.outcome is ActivationOutcome.CONFLICT:
-                raise dg.Failure("Activation lost its lease to another owner", allow_retries=False)
+                raise dg.Failure(
+                    "Activation lost its lease to another owner",
+                    metadata={"outcome": result.outcome.value},
+                    allow_retries=False,
+                )
             if result.outcome is ActivationOutcome.ACTIVE:
                 break
         else:
-            raise dg.Failure("Activation did not finish within its step budget")
+            raise dg.Failure(
+                "Activation did not finish within its step budget",
+                metadata={"outcome": "step_budget_exhausted"},
+            )
         for slug in activated:
             record_collection_by_slug(context, database.engine, slug, activation="active")
+    tag_run_outcome(context, ActivationOutcome.ACTIVE.value)
     yield dg.Output(
         None,
         metadata={

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 
+from media_usage_orchestration.ops.run_tags import tag_run_outcome
 from media_usage_orchestration.store.core.engine import is_transient_database_error
 
 # Transient: the database was briefly unreachable, busy, or chose us as a deadlock victim.
@@ -16,18 +17,41 @@ TRANSIENT_RETRY_POLICY = dg.RetryPolicy(
 
 
 @contextlib.contextmanager
-def retry_transient_errors_only() -> Iterator[None]:
-    """Let transient database errors reach the op's RetryPolicy; fail everything else at once."""
+def retry_transient_errors_only(context: dg.OpExecutionContext | None = None) -> Iterator[None]:
+    """Let transient database errors reach the op's RetryPolicy; fail everything else at once.
+    With the op's `context`, a failure is also the run's final word: its outcome tag says why
+    (the failure's `outcome`, else the error's stable code, else `failed`)."""
     try:
         yield
-    except dg.Failure:
+    except dg.Failure as failure:
+        if context is not None:
+            tag_run_outcome(context, failure_outcome(failure))
         raise
     except Exception as error:
         if is_transient_database_error(error):
             raise
-        raise dg.Failure(
-            description=f"{type(error).__name__}: {error}", allow_retries=False
-        ) from error
+        failure = dg.Failure(
+            description=f"{type(error).__name__}: {error}",
+            metadata={"outcome": error_outcome(error)},
+            allow_retries=False,
+        )
+        if context is not None:
+            tag_run_outcome(context, failure_outcome(failure))
+        raise failure from error
+
+
+def failure_outcome(failure: dg.Failure) -> str:
+    outcome = failure.metadata.get("outcome")
+    return str(getattr(outcome, "value", outcome)) if outcome is not None else "failed"
+
+
+def error_outcome(error: BaseException) -> str:
+    """An error's stable code as an outcome word (`COLLECTION_NOT_FOUND` → `collection_not_found`,
+    `MEDIA_USAGE_INVALID_IDENTIFIER` → `invalid_identifier`); `failed` without one."""
+    code = getattr(error, "code", None)
+    if not isinstance(code, str) or not code:
+        return "failed"
+    return code.lower().removeprefix("media_usage_")
 
 
 def automation_default_status() -> dg.DefaultSensorStatus:

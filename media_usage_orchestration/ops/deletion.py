@@ -21,9 +21,9 @@ from media_usage_orchestration.ops.leased import (
     leased_outs,
     run_leased_step,
     stop_unless_done,
-    tag_run_collection,
 )
 from media_usage_orchestration.ops.progress import ProgressLog, logged_progress
+from media_usage_orchestration.ops.run_tags import tag_run_collection, tag_run_outcome
 from media_usage_orchestration.processing import deletion as processing
 from media_usage_orchestration.processing.deletion import PhaseStepOutcome, PhaseStepResult
 from media_usage_orchestration.processing.run_loop import Budget, Page, page_until_done
@@ -104,7 +104,7 @@ class DeletionBatchBudget(dg.Config):
 def claim_deletion(
     context: dg.OpExecutionContext, config: ClaimDeletionConfig, database: MediaUsageDatabase
 ):
-    with retry_transient_errors_only():
+    with retry_transient_errors_only(context):
         tag_run_collection(context, tombstone_slug(database.engine, config.collection_id))
         lease = claim_tombstone(
             database.engine, config.collection_id, reopen=is_reexecution(context)
@@ -291,12 +291,13 @@ def request_deletion(
     context: dg.OpExecutionContext, config: RequestDeletionConfig, database: MediaUsageDatabase
 ):
     tag_run_collection(context, config.collection)
-    with retry_transient_errors_only():
+    with retry_transient_errors_only(context):
         # Inside: bad input fails the step at once instead of going to the RetryPolicy.
         validate_identifier(config.collection, "collection slug")
         outcome, detail = _request(database.engine, config.collection, config.force)
         forget_deleted_collection(context, database.engine, config.collection)
     context.log.info(f"deletion of {config.collection!r}: {outcome} ({detail})")
+    tag_run_outcome(context, outcome)
     yield dg.Output(
         None,
         metadata={"outcome": outcome, "collection": config.collection, "detail": detail},

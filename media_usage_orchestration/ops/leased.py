@@ -22,17 +22,17 @@ import dagster as dg
 from dagster._core.execution.context.invocation import BaseDirectExecutionContext
 from dagster._core.execution.plan.outputs import StepOutputHandle
 
+from media_usage_orchestration.ops.claim_io import IDENTITY_KEY
 from media_usage_orchestration.ops.common import is_transient_database_error
+from media_usage_orchestration.ops.run_tags import (
+    AUTOMATIC_RETRY_TAG,
+    launched_run,
+    tag_run_outcome,
+)
 from media_usage_orchestration.processing.run_loop import Paging, PagingEnd
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.values.errors import InvalidIdentifierError
-from media_usage_orchestration.values.identifiers import validate_identifier
 
 L = TypeVar("L")
-
-OUTCOME_TAG = "media_usage/outcome"
-AUTOMATIC_RETRY_TAG = "dagster/retry_number"  # set by the run-retry daemon, never by operators
-COLLECTION_TAG = "media_usage/collection"
 
 
 class LeasedWorkflow(Protocol[L]):
@@ -91,20 +91,11 @@ def is_reexecution(context: dg.OpExecutionContext) -> bool:
     return run is not None and run.parent_run_id is not None and AUTOMATIC_RETRY_TAG not in run.tags
 
 
-def launched_run(context: dg.OpExecutionContext) -> dg.DagsterRun | None:
-    """The run as it was launched (its parent and launch tags), without a storage read in a
-    real run; a directly invoked op has none of its own, so the instance is asked (it may hold
-    one stored under the context's run id)."""
-    try:
-        return context.run
-    except dg.DagsterError:  # direct invocation: no run on the context
-        return context.instance.get_run_by_id(context.run_id)
-
-
 def ensure_lease(
     context: dg.OpExecutionContext, workflow: LeasedWorkflow[L], engine: Engine, lease: L
 ) -> L | None:
-    renewed = workflow.renew(engine, lease)
+    # A claim resumed from the database (ops/claim_io.py) holds no lease to renew.
+    renewed = workflow.renew(engine, lease) if lease.lease_token else None
     if renewed is not None:
         return renewed
     regained = workflow.reclaim(engine, lease, reopen=is_reexecution(context))
@@ -136,7 +127,7 @@ def run_leased_step(
             raise
         recorded = workflow.record_failure(engine, held, error)
         workflow.report_failure(context, engine, held, recorded)
-        _tag_run(context, recorded)
+        tag_run_outcome(context, recorded)
         raise dg.Failure(
             description=f"{workflow.name} step failed ({recorded}): {type(error).__name__}: {error}",
             metadata={"outcome": recorded},
@@ -151,14 +142,16 @@ def emit(context: dg.OpExecutionContext, report: StepReport) -> Iterator[dg.Outp
     metadata = {"outcome": report.outcome, **dict(report.metadata)}
     handed_on = hands_on_in_run(context)
     if report.lease is not None:
+        # Which collection the claim is for (never its token): what a re-execution resumes.
+        metadata[IDENTITY_KEY] = report.lease.collection_id
         yield dg.Output(report.lease, output_name="lease", metadata=metadata)
         if not handed_on:
-            _tag_run(context, report.outcome)
+            tag_run_outcome(context, report.outcome)
         return
     yield dg.Output(None, output_name="outcome", metadata=metadata)
     if handed_on:  # the run's later ops are skipped: say why in the run log
         context.log.info(f"stopping here: {report.outcome}")
-    _tag_run(context, report.outcome)
+    tag_run_outcome(context, report.outcome)
 
 
 def hands_on_in_run(context: dg.OpExecutionContext) -> bool:
@@ -173,34 +166,6 @@ def hands_on_in_run(context: dg.OpExecutionContext) -> bool:
         for step in step_context.execution_plan.get_steps_to_execute_in_topo_order()
         for step_input in step.step_inputs
     )
-
-
-def _tag_run(context: dg.OpExecutionContext, outcome: str) -> None:
-    # The run's final word (a re-execution may carry its parent's): written without first
-    # reading the stored tags.
-    if launched_run(context) is not None:
-        context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: outcome})
-
-
-def tag_run_outcome(context: dg.OpExecutionContext, outcome: str) -> None:
-    """Tag the run with its outcome for the runs list, from an op outside the leased graphs."""
-    _tag_run(context, outcome)
-
-
-def tag_run_collection(context: dg.OpExecutionContext, slug: str | None) -> None:
-    """Tag the run with its collection's slug, however it was launched (sensor, Launchpad,
-    backfill, re-execution), so the Runs filter on `media_usage/collection` finds every run of
-    one collection. The first op of each per-collection job calls this; a slug that is no valid
-    identifier is left untagged (the op refuses it with its own error)."""
-    try:
-        validate_identifier(slug, "collection slug")
-    except InvalidIdentifierError:
-        return
-    # The slug never changes within a run: a run launched with it (every sensor run) needs no
-    # write. Direct invocation without a stored run has nothing to tag.
-    run = launched_run(context)
-    if run is not None and run.tags.get(COLLECTION_TAG) != slug:
-        context.instance.add_run_tags(context.run_id, {COLLECTION_TAG: slug})
 
 
 def leased_outs(lease_type: type) -> dict[str, dg.Out]:

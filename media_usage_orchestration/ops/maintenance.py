@@ -4,6 +4,7 @@ keep the collection partitions equal to the registry."""
 import dagster as dg
 
 from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.run_tags import tag_run_outcome
 from media_usage_orchestration.partitions import media_usage_collections, partition_changes
 from media_usage_orchestration.processing.reconciliation.maintenance import settle_reconciliations
 from media_usage_orchestration.resources.database import MediaUsageDatabase
@@ -17,10 +18,12 @@ from media_usage_orchestration.store.registry import read_collection_slugs
     "reset on a newer epoch, heal stuck ones) and seed candidates.",
 )
 def settle_and_seed_reconciliations(context: dg.OpExecutionContext, database: MediaUsageDatabase):
-    with retry_transient_errors_only():
+    with retry_transient_errors_only(context):
         result = settle_reconciliations(database.engine)
     if result.inactive:
         context.log.info("capture is not active: nothing to settle")
+    settled = sum(result.counts.values())
+    tag_run_outcome(context, "inactive" if result.inactive else "settled" if settled else "idle")
     yield dg.Output(None, metadata={"inactive": result.inactive, **dict(result.counts)})
 
 
@@ -30,7 +33,7 @@ def settle_and_seed_reconciliations(context: dg.OpExecutionContext, database: Me
     description="Add a partition for every registry collection and remove those of deleted ones.",
 )
 def sync_collection_partitions(context: dg.OpExecutionContext, database: MediaUsageDatabase):
-    with retry_transient_errors_only():
+    with retry_transient_errors_only(context):
         slugs = read_collection_slugs(database.engine)
     added, removed = partition_changes(context.instance, slugs)
     if added:

@@ -15,9 +15,14 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.index import record_collection_by_slug
-from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.common import (
+    TRANSIENT_RETRY_POLICY,
+    error_outcome,
+    retry_transient_errors_only,
+)
 from media_usage_orchestration.ops.deletion import tombstone_slug
-from media_usage_orchestration.ops.leased import StepReport, emit, tag_run_collection
+from media_usage_orchestration.ops.leased import StepReport, emit
+from media_usage_orchestration.ops.run_tags import tag_run_collection
 from media_usage_orchestration.processing.operator import (
     MAX_LIMIT,
     RetryReport,
@@ -33,14 +38,17 @@ _OUTCOME_OUT = {"outcome": dg.Out(dg.Nothing, description="What the retry did (s
 
 
 @contextlib.contextmanager
-def _refusing_bad_input() -> Iterator[None]:
-    """Bad input fails the run without retries; transient database errors are retried."""
-    with retry_transient_errors_only():
+def _refusing_bad_input(context: dg.OpExecutionContext) -> Iterator[None]:
+    """Bad input fails the run without retries (its outcome tag says why, e.g.
+    `collection_not_found`); transient database errors are retried."""
+    with retry_transient_errors_only(context):
         try:
             yield
         except OperatorInputError as error:
             raise dg.Failure(
-                description=str(error), metadata={"code": error.code}, allow_retries=False
+                description=str(error),
+                metadata={"code": error.code, "outcome": error_outcome(error)},
+                allow_retries=False,
             ) from None
 
 
@@ -75,7 +83,7 @@ def reopen_failed_work(
     context: dg.OpExecutionContext, config: RetryFailedWorkConfig, database: MediaUsageDatabase
 ):
     tag_run_collection(context, config.collection)
-    with _refusing_bad_input():
+    with _refusing_bad_input(context):
         if config.content_id is None:
             bulk = retry_failed_work(database.engine, config.collection, limit=config.limit)
             metadata = {**bulk.counts, "changed": bulk.changed, "more_failed": bulk.more_failed}
@@ -110,7 +118,7 @@ class RetryDeletionConfig(dg.Config):
 def reopen_collection_deletion(
     context: dg.OpExecutionContext, config: RetryDeletionConfig, database: MediaUsageDatabase
 ):
-    with _refusing_bad_input():
+    with _refusing_bad_input(context):
         slug = config.collection or tombstone_slug(database.engine, config.collection_id)
         tag_run_collection(context, slug)
         result = retry_deletion(
@@ -134,7 +142,7 @@ def reopen_reconciliation(
     context: dg.OpExecutionContext, config: RetryReconciliationConfig, database: MediaUsageDatabase
 ):
     tag_run_collection(context, config.collection)
-    with _refusing_bad_input():
+    with _refusing_bad_input(context):
         result = retry_reconciliation(database.engine, config.collection)
         record_collection_by_slug(
             context, database.engine, config.collection, operator_retry="reconciliation"

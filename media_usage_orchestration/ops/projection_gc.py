@@ -10,6 +10,7 @@ from media_usage_orchestration.assets.projection_cleanup import (
     gc_metadata,
 )
 from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.run_tags import tag_run_outcome
 from media_usage_orchestration.processing.projection_gc import GcOutcome, run_projection_gc
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
@@ -22,9 +23,10 @@ from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRe
     "write leases and a bounded batch of obsolete occurrences, record the counters.",
 )
 def collect_projection_garbage(context: dg.OpExecutionContext, database: MediaUsageDatabase):
-    with retry_transient_errors_only():
+    with retry_transient_errors_only(context):
         result = run_projection_gc(database.engine)
     metadata = gc_metadata(result)
+    tag_run_outcome(context, result.outcome.value)
     if result.outcome is GcOutcome.FAILED:
         task = ProjectionGcRepository(database.engine).read_task()
         code = task.last_error_code if task else None
@@ -50,7 +52,7 @@ def collect_projection_garbage(context: dg.OpExecutionContext, database: MediaUs
     "bytes of the unused ones; deletes nothing.",
 )
 def summarize_media_library(context: dg.OpExecutionContext, database: MediaUsageDatabase):
-    with retry_transient_errors_only():
+    with retry_transient_errors_only(context):
         metadata = record_media_library(context, database.engine)
     if metadata is None:
         context.log.info("this database has no EmDash media table: nothing to summarize")

@@ -24,9 +24,9 @@ from media_usage_orchestration.ops.leased import (
     leased_outs,
     run_leased_step,
     stop_unless_done,
-    tag_run_collection,
 )
 from media_usage_orchestration.ops.progress import logged_progress
+from media_usage_orchestration.ops.run_tags import tag_run_collection
 from media_usage_orchestration.processing.reconciliation import steps, walks
 from media_usage_orchestration.processing.reconciliation.model import (
     CONTINUE_DELAY_SECONDS,
@@ -148,9 +148,9 @@ def claim_reconciliation(
 ):
     slug = context.partition_key
     tag_run_collection(context, slug)
-    force = forced(config, context.run_tags)
     engine = database.engine
-    with retry_transient_errors_only():
+    with retry_transient_errors_only(context):
+        force = forced(config, context.run_tags)
         validate_identifier(slug, "collection slug")
         collection_id = read_collection_id(engine, slug)
         if collection_id is None:

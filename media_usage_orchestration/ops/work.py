@@ -1,18 +1,35 @@
-"""The work op: claim due work in batches and project each entry, within a budget."""
+"""The work op: claim due work (of one collection, as the sensor launches it) in batches and
+project each entry, within a budget. The run's tags say what it did: `media_usage/outcome`
+(`projected`, `failed_work`, `retrying`, `superseded`, or why it claimed nothing, such as
+`nothing_due`) and the counts `media_usage/claimed`, `media_usage/completed`,
+`media_usage/retried` and `media_usage/failed`."""
 
 import dagster as dg
 from pydantic import Field
 
-from media_usage_orchestration.assets.index import FAILED_WORK_OUTCOME, record_drained_coverage
+from media_usage_orchestration.assets.index import record_drained_coverage
 from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
-from media_usage_orchestration.ops.leased import tag_run_outcome
 from media_usage_orchestration.ops.progress import logged_progress
+from media_usage_orchestration.ops.run_tags import OUTCOME_TAG, launched_run, tag_run_collection
 from media_usage_orchestration.processing import run_loop
-from media_usage_orchestration.processing.run_loop import Budget
+from media_usage_orchestration.processing.run_loop import Budget, WorkDrain
 from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.registry import read_collection_slug
+
+COUNT_TAGS = {
+    "claimed": "media_usage/claimed",
+    "completed": "media_usage/completed",
+    "retry": "media_usage/retried",
+    "failed": "media_usage/failed",
+}
 
 
 class DrainDueWorkConfig(dg.Config):
+    collection_id: str | None = Field(
+        default=None,
+        description="Claim only this collection's work (the sensor sets it); unset: every "
+        "collection's, in due order.",
+    )
     max_items: int = Field(default=5000, ge=1, description="Stop after claiming this many items.")
     max_seconds: float = Field(default=120.0, gt=0, le=3600, description="Time budget.")
     batch_size: int = Field(default=25, ge=1, le=100, description="Items claimed per statement.")
@@ -29,18 +46,32 @@ def drain_due_work(
     context: dg.OpExecutionContext, config: DrainDueWorkConfig, database: MediaUsageDatabase
 ):
     budget = Budget(config.max_items, config.max_seconds)
-    with retry_transient_errors_only():
+    with retry_transient_errors_only(context):
+        slug = None
+        if config.collection_id is not None:
+            slug = read_collection_slug(database.engine, config.collection_id)
+            tag_run_collection(context, slug)
         with logged_progress(context, "work", "items", total=config.max_items) as progress:
             drained = run_loop.drain_due_work(
                 database.engine,
                 budget,
                 config.batch_size,
                 progress=progress.counting(lambda batch: batch.counts.claimed),
+                collection_id=config.collection_id,
             )
         record_drained_coverage(context, database.engine, drained, budget.elapsed_seconds())
-    totals = drained.counts.as_dict()
-    context.log.info(f"work: {totals} (stopped: {drained.stopped_by.value})")
+    context.log.info(drained.summary(slug))
     # Items that failed for good are their rows' state, not the run's: the run succeeds and
     # says so in its outcome tag, a WARNING and each collection's failing check.
-    tag_run_outcome(context, FAILED_WORK_OUTCOME if totals["failed"] else drained.stopped_by.value)
-    yield dg.Output(None, metadata={**totals, "stopped_by": drained.stopped_by.value})
+    _tag_run(context, drained)
+    metadata = {**drained.counts.as_dict(), "stopped_by": drained.stopped_by.value}
+    yield dg.Output(None, metadata={**metadata, "outcome": drained.outcome.value})
+
+
+def _tag_run(context: dg.OpExecutionContext, drained: WorkDrain) -> None:
+    """The outcome and the counts, in one write, as the run's final word."""
+    if launched_run(context) is None:
+        return
+    counts = drained.counts.as_dict()
+    tags = {tag: str(counts[name]) for name, tag in COUNT_TAGS.items()}
+    context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: drained.outcome.value, **tags})

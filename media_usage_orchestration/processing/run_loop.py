@@ -151,6 +151,27 @@ class WorkDrainEnd(StrEnum):
     INACTIVE = "inactive"
 
 
+_ENDED_BECAUSE = {
+    WorkDrainEnd.NOTHING_DUE: "nothing more is due",
+    WorkDrainEnd.BUDGET: "its budget was spent",
+    WorkDrainEnd.INACTIVE: "capture is not active",
+}
+
+
+class WorkRunOutcome(StrEnum):
+    """A work run's final word, the strongest thing it did: items failed for good, items
+    projected, items to retry, items that turned out superseded or obsolete; or, having
+    claimed nothing, why it stopped."""
+
+    FAILED_WORK = "failed_work"
+    PROJECTED = "projected"
+    RETRYING = "retrying"
+    SUPERSEDED = "superseded"
+    NOTHING_DUE = "nothing_due"
+    BUDGET = "budget"
+    INACTIVE = "inactive"
+
+
 @dataclass(frozen=True)
 class WorkDrain:
     stopped_by: WorkDrainEnd
@@ -165,23 +186,50 @@ class WorkDrain:
         """Collections with work completed or failed for good, by id."""
         return sorted({*self.completed_by_collection, *self.failed_by_collection})
 
+    @property
+    def outcome(self) -> WorkRunOutcome:
+        counts = self.counts
+        if counts.claimed == 0:
+            return WorkRunOutcome(self.stopped_by.value)
+        if counts.failed:
+            return WorkRunOutcome.FAILED_WORK
+        if counts.completed:
+            return WorkRunOutcome.PROJECTED
+        if counts.retry:
+            return WorkRunOutcome.RETRYING
+        return WorkRunOutcome.SUPERSEDED
+
+    def summary(self, collection: str | None = None) -> str:
+        """One sentence for the run log."""
+        c = self.counts
+        of = f" of {collection}" if collection else ""
+        return (
+            f"Claimed {c.claimed} item(s){of}: {c.completed} projected, {c.retry} to retry, "
+            f"{c.failed} failed for good, {c.superseded + c.obsolete} superseded or obsolete, "
+            f"{c.claim_lost} lost to another owner; stopped because "
+            f"{_ENDED_BECAUSE[self.stopped_by]}."
+        )
+
 
 def drain_due_work(
     engine: Engine,
     budget: Budget,
     batch_size: int,
     progress: Callable[[WorkBatchResult], None] | None = None,
+    collection_id: str | None = None,
 ) -> WorkDrain:
-    """Batches of due work, each at most `batch_size` and what is left of the budget's steps
-    (items claimed), until nothing is due, capture is inactive or the budget is spent;
-    `progress` is told each batch's result."""
+    """Batches of due work (of one collection, if given), each at most `batch_size` and what is
+    left of the budget's steps (items claimed), until nothing is due, capture is inactive or the
+    budget is spent; `progress` is told each batch's result."""
     counts = WorkCounts()
     completed: Counter[tuple[str, str]] = Counter()
     failed: Counter[tuple[str, str]] = Counter()
     while not budget.exhausted():
         remaining = budget.remaining_steps
         batch = process_due_batch(
-            engine, batch_size if remaining is None else min(batch_size, remaining)
+            engine,
+            batch_size if remaining is None else min(batch_size, remaining),
+            collection_id=collection_id,
         )
         if batch.inactive:
             return WorkDrain(WorkDrainEnd.INACTIVE, counts, completed, failed)
@@ -203,6 +251,7 @@ __all__ = [
     "PagingEnd",
     "WorkDrain",
     "WorkDrainEnd",
+    "WorkRunOutcome",
     "drain_due_work",
     "page_until_done",
 ]

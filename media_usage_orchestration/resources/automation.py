@@ -13,6 +13,13 @@ class MediaUsageAutomation(dg.ConfigurableResource):
     max_work_runs: int = Field(
         default=2, ge=1, le=64, description="Work runs that may be queued or running at once."
     )
+    work_runs_per_collection: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Work runs of one collection that may be queued or running at once (more "
+        "drain a large backlog of one collection in parallel).",
+    )
     work_items_per_run: int = Field(default=5000, ge=1, description="Items one work run takes on.")
     work_seconds_per_run: float = Field(
         default=120.0, gt=0, le=3600, description="Time budget of one work run."

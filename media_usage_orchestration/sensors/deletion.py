@@ -4,7 +4,7 @@ import dagster as dg
 
 from media_usage_orchestration.jobs import media_usage_collection_deletion
 from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.ops.leased import COLLECTION_TAG
+from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (
     COLLECTION_ID_TAG,

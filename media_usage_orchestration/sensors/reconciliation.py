@@ -4,7 +4,7 @@ import dagster as dg
 
 from media_usage_orchestration.jobs import media_usage_reconciliation
 from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.ops.leased import COLLECTION_TAG
+from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import (
     Engine,
+    Select,
     String,
     cast,
     func,
@@ -32,6 +33,7 @@ from media_usage_orchestration.store.core.leases import (
     bounded_limit,
     due_candidates_statement,
     due_time,
+    lease_has_expired,
 )
 from media_usage_orchestration.store.core.predicates import (
     no_deletion_tombstone,
@@ -60,69 +62,112 @@ from media_usage_orchestration.values.records import record_from_row
 
 # --- work ---------------------------------------------------------------------------------------
 
+MAX_DUE_WORK_COLLECTIONS = 100
+_DUE_WORK_STATES = (LeaseState.PENDING, LeaseState.RETRY, LeaseState.LEASED)
+
 
 @dataclass(frozen=True)
-class DueWork:
-    """The earliest due work item: its identity changes whenever the due set moves on.
-    `lease_expired` says whether any due item is a lease its owner let lapse (a dead or stuck
-    run), whether or not it is the earliest."""
+class CollectionDueWork:
+    """A collection with claimable work, as one work run of its own would claim it.
+
+    `generation` names the first claimable row of each due state (its due time, content id and
+    version), so it changes whenever the collection's due set moves on; `due_at` is the earliest
+    of them; `lease_expired` says whether one of them is a lease its owner let lapse (a dead or
+    stuck run)."""
 
     collection_id: str
-    content_id: str
-    work_version: int
+    collection_slug: str
     due_at: str
-    lease_expired: bool = False
+    generation: str
+    lease_expired: bool
 
 
-def _work_due_branch(state: LeaseState, column):
-    """The first due row of one state in the order of its index, so the branch reads one index
-    entry whatever the backlog: pending and retry rows in `idx__emdash_media_usage_work_due`
-    order (due time, then `updated_at`), expired leases in `..._work_lease` order. An order the
-    index does not give would sort every due row of the state (a second on a million rows)."""
+def _first_due(state: LeaseState, collection_id) -> Select:
+    """The first claimable row of one state of one collection, as `due|content|version` text,
+    through the index the batch claim walks for that state: the operator index (collection,
+    state, updated_at) for pending rows, due from the moment they were written; the due and
+    lease indexes for the few retrying and expired-lease rows."""
     if state is LeaseState.LEASED:
-        order = (column, work.c.collection_id, work.c.content_id)
+        due_at = work.c.lease_expires_at
+        conditions = [work.c.collection_id.concat("") == collection_id, lease_has_expired(work)]
+        order = (due_at, work.c.collection_id, work.c.content_id)
+    elif state is LeaseState.RETRY:
+        due_at = work.c.next_attempt_at
+        conditions = [work.c.collection_id.concat("") == collection_id, is_due(due_at)]
+        order = (due_at, work.c.updated_at, work.c.collection_id, work.c.content_id)
     else:
-        order = (column, work.c.updated_at, work.c.collection_id, work.c.content_id)
+        due_at = work.c.next_attempt_at
+        conditions = [work.c.collection_id == collection_id, is_due(due_at.concat(""))]
+        order = (work.c.updated_at, work.c.content_id)
+    found = due_at.concat("|").concat(work.c.content_id).concat("|")
+    found = found.concat(cast(work.c.work_version, String))
     return (
-        select(
-            work.c.collection_id,
-            work.c.content_id,
-            work.c.work_version,
-            column.label("due_at"),
-            work.c.updated_at,
-            literal(state.value).label("state"),
-        )
-        .where(work.c.state == state.value, column.is_not(None), is_due(column))
+        select(found)
+        .where(work.c.state == state.value, *conditions)
         .order_by(*order)
         .limit(1)
+        .scalar_subquery()
     )
 
 
-def earliest_due_work_statement():
-    """At most one row per due state, the earliest of each, so both of `earliest_due_work`'s
-    answers come from one statement."""
-    branches = [
-        _work_due_branch(LeaseState.PENDING, work.c.next_attempt_at).subquery("pending_due"),
-        _work_due_branch(LeaseState.RETRY, work.c.next_attempt_at).subquery("retry_due"),
-        _work_due_branch(LeaseState.LEASED, work.c.lease_expires_at).subquery("lease_expired"),
-    ]
-    return union_all(*(select(branch) for branch in branches))
+@functools.lru_cache(maxsize=8)
+def _due_work_by_collection_statement(limit: int):
+    """The collections present in the work table, found by a skip scan of the operator index
+    (one seek per collection, whatever each holds), each with its first claimable row per due
+    state. Work rows are the truth here, not the registry: rows a deleted collection left are
+    still claimed by a run of their own."""
+    first = select(func.min(work.c.collection_id).label("collection_id")).cte(
+        "present", recursive=True
+    )
+    following = (
+        select(func.min(work.c.collection_id))
+        .where(work.c.collection_id > first.c.collection_id)
+        .scalar_subquery()
+    )
+    present = first.union_all(
+        select(following.label("collection_id")).where(first.c.collection_id.is_not(None))
+    )
+    collection = present.c.collection_id
+    slug = (
+        select(work.c.collection_slug)
+        .where(work.c.collection_id == collection)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return (
+        select(
+            collection.label("collection_id"),
+            slug.label("collection_slug"),
+            *(_first_due(state, collection).label(state.value) for state in _DUE_WORK_STATES),
+        )
+        .where(collection.is_not(None))
+        .order_by(collection)
+        .limit(limit)
+    )
 
 
-def earliest_due_work(engine: Engine) -> DueWork | None:
-    """The first due item in `find_due_work` order (the seed's due order) and whether any
-    due item is an expired lease: one statement, one index entry per due state."""
+def due_work_by_collection(engine: Engine, limit: int) -> list[CollectionDueWork]:
+    """Every collection (the first `limit` by id) with claimable work, earliest due first: one
+    statement of a few index seeks per collection present in the work table."""
+    limit = bounded_limit(limit, 1, MAX_DUE_WORK_COLLECTIONS, "Work collection limit")
     with read_transaction(engine) as connection:
-        rows = connection.execute(earliest_due_work_statement()).all()
-    if not rows:
-        return None
-    first = min(
-        rows, key=lambda row: (row.due_at, row.updated_at, row.collection_id, row.content_id)
-    )
-    lease_expired = any(row.state == LeaseState.LEASED for row in rows)
-    return record_from_row(
-        DueWork, {**first._mapping, "lease_expired": lease_expired}, work_version=int
-    )
+        rows = connection.execute(_due_work_by_collection_statement(limit)).all()
+    found = []
+    for row in rows:
+        firsts = {state: getattr(row, state.value) for state in _DUE_WORK_STATES}
+        due = [first for first in firsts.values() if first is not None]
+        if not due:
+            continue
+        found.append(
+            CollectionDueWork(
+                collection_id=row.collection_id,
+                collection_slug=row.collection_slug,
+                due_at=min(first.split("|", 1)[0] for first in due),
+                generation=";".join(first or "-" for first in firsts.values()),
+                lease_expired=firsts[LeaseState.LEASED] is not None,
+            )
+        )
+    return sorted(found, key=lambda due: (due.due_at, due.collection_id))
 
 
 # --- reconciliations ------------------------------------------------------------------------------

@@ -98,6 +98,13 @@ def read_collection_id(engine: Engine, slug: str) -> str | None:
         return collection_id_for_slug(connection, slug)
 
 
+def read_collection_slug(engine: Engine, collection_id: str) -> str | None:
+    """The slug registered for `collection_id`; None when the registry no longer has it."""
+    statement = select(collections.c.slug).where(collections.c.id == collection_id)
+    with read_transaction(engine) as connection:
+        return connection.execute(statement).scalar()
+
+
 def read_collection_identity_exists(engine: Engine, collection_id: str, slug: str) -> bool:
     with read_transaction(engine) as connection:
         return collection_identity_exists(connection, collection_id, slug)

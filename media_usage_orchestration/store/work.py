@@ -557,11 +557,22 @@ def _due_branch(
         due_at = due.c.next_attempt_at
         conditions = [due.c.state == state.value, is_due(due_at)]
         order = (due_at, due.c.updated_at, due.c.collection_id, due.c.content_id)
-    if collection_id is not None:
-        # Compared through an expression no index serves, so the branch walks its due index in
-        # due order and stops after `limit` rows. With a plain comparison, stale statistics
-        # (right after a large enqueue) make PostgreSQL pick the operator index instead and
-        # sort the collection's whole due set on every claim.
+    if collection_id is not None and state is LeaseState.PENDING:
+        # One collection's pending rows, walked through the operator index (collection, state,
+        # updated_at) in its own order and filtered on being due: the cost is bounded by n
+        # whatever other collections have due ahead of this one. A pending row is due from the
+        # moment it was written, so this is its due order too. Its due time is compared through
+        # an expression no index serves, or SQLite would walk the due index and sort.
+        conditions = [
+            due.c.collection_id == collection_id,
+            due.c.state == state.value,
+            is_due(due_at.concat("")),
+        ]
+        order = (due.c.updated_at, due.c.content_id)
+    elif collection_id is not None:
+        # Retrying and expired-lease rows are few: their due indexes are walked in due order,
+        # the collection compared through an expression no index serves (with a plain
+        # comparison, stale statistics make PostgreSQL sort the collection's whole set).
         conditions.append(due.c.collection_id.concat("") == collection_id)
     branch = (
         select(

@@ -17,7 +17,7 @@ from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.phases import OTHER, PHASES, PhaseClock, phase, timing
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import create_database_engine
-from media_usage_orchestration.store.probes import earliest_due_work
+from media_usage_orchestration.store.probes import due_work_by_collection
 from tests.support.databases import postgres_admin_url, require_postgres
 from tests.support.states import count, make_collection
 
@@ -151,9 +151,9 @@ def test_generated_work_is_one_collection_backlog_with_a_due_earliest_item(db):
     assert count(db.engine, schema.work, state="pending") == 76
     assert count(db.engine, schema.work, state="retry") == 2
     assert count(db.engine, schema.work, state="leased") == 3
-    due = earliest_due_work(db.engine)
-    assert due is not None and due.collection_id == collection.id
-    assert due.content_id.startswith("gen-") and due.lease_expired is False
+    [due] = due_work_by_collection(db.engine, 10)
+    assert (due.collection_id, due.collection_slug) == (collection.id, collection.slug)
+    assert "|gen-" in due.generation and due.lease_expired is False
 
 
 def test_generated_work_refuses_a_count_that_is_not_positive(db):

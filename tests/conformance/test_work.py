@@ -1053,6 +1053,7 @@ def test_missing_and_inactive_identities_give_collection_not_found(db, repo, pos
 
 DUE_INDEX = "idx__emdash_media_usage_work_due"
 LEASE_INDEX = "idx__emdash_media_usage_work_lease"
+OPERATOR_INDEX = "idx__emdash_media_usage_work_operator"
 
 
 def backlog(engine, size: int = 400) -> None:
@@ -1095,17 +1096,26 @@ def plan_lines(db, collection_id: str | None) -> list[str]:
         return [row[-1] for row in rows]
 
 
-@pytest.mark.parametrize("collection_id", [None, "collection-1"], ids=["any", "one-collection"])
-def test_each_due_state_is_walked_through_its_index(db, collection_id):
+@pytest.mark.parametrize(
+    ("collection_id", "pending_index"),
+    [(None, DUE_INDEX), ("collection-1", OPERATOR_INDEX)],
+    ids=["any", "one-collection"],
+)
+def test_each_due_state_is_walked_through_its_index(db, collection_id, pending_index):
+    """One collection's pending rows come from the operator index (collection, state,
+    updated_at), so other collections' backlogs are never walked; its few retrying and
+    expired-lease rows from their due indexes."""
     backlog(db.engine)
 
     lines = plan_lines(db, collection_id)
 
     plan = "\n".join(lines)
-    for branch, index in (("pending", DUE_INDEX), ("retry", DUE_INDEX), ("leased", LEASE_INDEX)):
+    indexes = (("pending", pending_index), ("retry", DUE_INDEX), ("leased", LEASE_INDEX))
+    for branch, index in indexes:
         reads = [line for line in lines if f"{branch}_work" in line]
         assert reads and all(index in line for line in reads), plan
     assert "Bitmap" not in plan, plan
+    assert "Sort" not in "\n".join(line for line in lines if "pending_work" in line), plan
 
 
 def test_a_claim_takes_the_first_due_rows_of_its_collection_from_a_large_backlog(db):

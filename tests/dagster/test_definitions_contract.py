@@ -11,7 +11,7 @@ import itertools
 import dagster as dg
 
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.ops.leased import COLLECTION_TAG, OUTCOME_TAG
+from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, OUTCOME_TAG
 from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 
 JOBS = {

@@ -6,6 +6,7 @@ import dagster as dg
 import pytest
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
@@ -168,6 +169,7 @@ def test_a_missing_collection_fails_the_run_as_not_found(db, instance, activatio
     assert "'ghost' does not exist" in description
     assert metadata == {"outcome": "not_found", "collection": "ghost"}
     assert everything(db) == before
+    assert instance.get_run_by_id(result.run_id).tags[OUTCOME_TAG] == "not_found"
 
 
 # --- refusals ----------------------------------------------------------------------------------
@@ -194,6 +196,7 @@ def test_a_collection_with_content_is_refused_without_force_and_nothing_changes(
     assert one(db.engine, schema.collections, id=posts.id) is not None
     run = instance.get_run_by_id(result.run_id)
     assert run.status is dg.DagsterRunStatus.FAILURE
+    assert run.tags[OUTCOME_TAG] == "has_content"
 
 
 def test_a_refused_request_is_not_retried(activated, instance):
@@ -218,6 +221,7 @@ def test_an_invalid_slug_fails_at_once_and_changes_nothing(db, instance, activat
 
     description, _ = failure(result)
     assert "collection slug" in description
+    assert instance.get_run_by_id(result.run_id).tags[OUTCOME_TAG] == "invalid_identifier"
     assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     assert everything(db, "posts") == before
 
@@ -235,6 +239,8 @@ def test_a_collection_with_only_trashed_entries_is_deleted_without_force(db, ins
     assert result.success
     assert not table_exists(db.engine, "ec_posts")
     assert count(db.engine, schema.collections, id=posts.id) == 0
+    run = instance.get_run_by_id(result.run_id)
+    assert run.tags[OUTCOME_TAG] == reported(result)["outcome"]
     if activation == "active":
         assert reported(result)["outcome"] == "deleted"
         row = one(db.engine, schema.collection_deletions, collection_id=posts.id)

@@ -29,7 +29,7 @@ from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, Postgr
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-from media_usage_orchestration.ops.leased import COLLECTION_TAG
+from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from tests.support.databases import (

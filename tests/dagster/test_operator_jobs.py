@@ -8,7 +8,7 @@ from sqlalchemy import update
 
 from media_usage_orchestration import jobs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.ops.leased import OUTCOME_TAG
+from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import driver, steps
 from media_usage_orchestration.store.core import schema
@@ -84,6 +84,10 @@ def _assert_refused(job: dg.JobDefinition, db, instance, config: dict, message: 
     retried = [event for event in result.all_events if event.is_step_up_for_retry]
     assert retried == [], config
     assert snapshot(db.engine) == before, config
+    # The run failed in its first op: its outcome tag says why (the refusal's code).
+    code = failure.user_failure_data.metadata["code"].value
+    outcome = instance.get_run_by_id(result.run_id).tags[OUTCOME_TAG]
+    assert outcome == code.lower().removeprefix("media_usage_"), (config, outcome)
 
 
 # --- retry_media_usage_work: every failed entry -----------------------------------------------

@@ -20,7 +20,9 @@ from media_usage_orchestration.emdash_double.sample_content import (
 from media_usage_orchestration.jobs import media_usage_activation, media_usage_work
 from media_usage_orchestration.local import in_process_lane
 from media_usage_orchestration.media.sources import source_key
+from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, OUTCOME_TAG
 from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.sources.writes import SourceRepository
@@ -73,6 +75,25 @@ def _totals(runs) -> dict[str, int]:
     return totals
 
 
+def _assert_one_collection_each(instance, results, collections) -> None:
+    """Every work run claimed one collection's items and is found by its collection tag, with
+    what it did in its tags: `projected` and the counts."""
+    slug_of = {collection.id: slug for slug, collection in collections.items()}
+    for result in results:
+        run = instance.get_run_by_id(result.run_id)
+        config = run.run_config["ops"]["drain_due_work"]["config"]
+        metadata = output_metadata(result, "drain_due_work")
+        assert run.tags[COLLECTION_TAG] == slug_of[config["collection_id"]]
+        assert run.tags[OUTCOME_TAG] == "projected"
+        assert run.tags["media_usage/completed"] == str(metadata["completed"])
+        assert run.tags["media_usage/claimed"] == str(metadata["claimed"])
+        assert run.tags["media_usage/failed"] == "0"
+        tagged = instance.get_runs(
+            filters=dg.RunsFilter(tags={COLLECTION_TAG: run.tags[COLLECTION_TAG]})
+        )
+        assert run.run_id in {found.run_id for found in tagged}
+
+
 def _current_occurrences(engine, key: str) -> list[dict]:
     source = SourceRepository(engine).find_source(key)
     assert source is not None, key
@@ -105,7 +126,9 @@ def test_activation_then_sensor_driven_work_runs_project_every_write(db):
 
         first = _work_runs(instance, resources)
 
-        assert len(first) == 5
+        # One run per collection at a time: 100 items each, 60 a run.
+        assert len(first) == 6
+        _assert_one_collection_each(instance, first, collections)
         assert _totals(first) == {
             "claimed": 300,
             "completed": 300,
@@ -145,9 +168,10 @@ def test_activation_then_sensor_driven_work_runs_project_every_write(db):
         assert _totals(second)["completed"] == len(SLUGS) * touched
         assert _totals(second)["claimed"] == len(SLUGS) * touched
         assert len(second) == 3
+        _assert_one_collection_each(instance, second, collections)
         runs = instance.get_runs(filters=dg.RunsFilter(job_name=media_usage_work.name))
-        assert len(runs) == 8
-        assert len({run.tags[RUN_KEY_TAG] for run in runs}) == 8
+        assert len(runs) == 9
+        assert len({run.tags[RUN_KEY_TAG] for run in runs}) == 9
 
     assert count(db.engine, schema.work) == 0
     report = verify_index(db.engine)
@@ -271,37 +295,78 @@ def test_the_sensor_respects_max_work_runs_for_queued_and_running_runs(db):
     active_collection(db.engine, "posts")
     insert_entry(db.engine, "posts", "entry-1")
     one_run = resources_for(db.url, max_work_runs=1)
-    two_runs = resources_for(db.url, max_work_runs=2)
+    two_runs = resources_for(db.url, max_work_runs=2, work_runs_per_collection=2)
     with dg.DagsterInstance.ephemeral() as instance:
         idle = evaluate(media_usage_work_sensor, instance, one_run).run_requests[0]
-        queued = instance.create_run_for_job(
-            job_def=media_usage_work,
-            run_config=idle.run_config,
-            status=dg.DagsterRunStatus.QUEUED,
-            tags={RUN_KEY_TAG: idle.run_key},
-            remote_job_origin=_queued_origin(),
-        )
+        queued = _created(instance, idle, dg.DagsterRunStatus.QUEUED)
 
         capped = evaluate(media_usage_work_sensor, instance, one_run)
         assert capped.run_requests == []
-        assert capped.skip_message == "1 work runs already queued or running"
+        assert capped.skip_message == (
+            "work is due in 1 collection(s), but 1 work runs are already queued or running"
+        )
 
         second = evaluate(media_usage_work_sensor, instance, two_runs).run_requests
         assert len(second) == 1 and second[0].run_key != idle.run_key
-        started = instance.create_run_for_job(
-            job_def=media_usage_work,
-            run_config=second[0].run_config,
-            status=dg.DagsterRunStatus.STARTED,
-        )
+        started = _created(instance, second[0], dg.DagsterRunStatus.STARTED)
         full = evaluate(media_usage_work_sensor, instance, two_runs)
         assert full.run_requests == []
-        assert full.skip_message == "2 work runs already queued or running"
+        assert full.skip_message == (
+            "work is due in 1 collection(s), but 2 work runs are already queued or running"
+        )
 
         # Finished runs do not count against the cap.
         instance.report_run_canceled(queued)
         instance.report_run_failed(started)
         assert len(evaluate(media_usage_work_sensor, instance, one_run).run_requests) == 1
     assert count(db.engine, schema.work) == 1
+
+
+def _created(instance, request: dg.RunRequest, status: dg.DagsterRunStatus) -> dg.DagsterRun:
+    """The run the daemon would create for `request`, in `status`."""
+    return instance.create_run_for_job(
+        job_def=media_usage_work,
+        run_config=request.run_config,
+        status=status,
+        tags={**request.tags, RUN_KEY_TAG: request.run_key},
+        remote_job_origin=_queued_origin(),
+    )
+
+
+def test_each_collection_gets_its_own_run_earliest_due_first_one_at_a_time(db):
+    """`work_runs_per_collection` (1) holds a collection back while its run is in flight; the
+    other collections are served, earliest due first, up to `max_work_runs`."""
+    posts = active_collection(db.engine, "posts")
+    pages = active_collection(db.engine, "pages")
+    notes = active_collection(db.engine, "notes")
+    for slug in ("posts", "pages", "notes"):
+        insert_entry(db.engine, slug, f"{slug}-1")
+    backdate(db.engine, schema.work, "next_attempt_at", 60, collection_id=pages.id)
+    backdate(db.engine, schema.work, "updated_at", 60, collection_id=pages.id)
+    resources = resources_for(db.url, max_work_runs=2)
+    with dg.DagsterInstance.ephemeral() as instance:
+        requests = evaluate(media_usage_work_sensor, instance, resources).run_requests
+        slugs = [request.tags[COLLECTION_TAG] for request in requests]
+        assert slugs[0] == "pages" and len(slugs) == 2 and len(set(slugs)) == 2
+        ids = {request.tags[COLLECTION_ID_TAG] for request in requests}
+        assert ids <= {posts.id, pages.id, notes.id}
+        for request in requests:
+            config = request.run_config["ops"]["drain_due_work"]["config"]
+            assert config["collection_id"] == request.tags[COLLECTION_ID_TAG]
+            _created(instance, request, dg.DagsterRunStatus.STARTED)
+
+        held = evaluate(media_usage_work_sensor, instance, resources)
+        assert held.run_requests == []
+        # A third collection waits for a slot; a collection in flight waits for its run.
+        roomier = resources_for(db.url, max_work_runs=3)
+        [third] = evaluate(media_usage_work_sensor, instance, roomier).run_requests
+        assert third.tags[COLLECTION_TAG] not in slugs
+
+        result = execute_request(media_usage_work_sensor, third, instance, roomier)
+        run = instance.get_run_by_id(result.run_id)
+        assert (run.tags[OUTCOME_TAG], run.tags["media_usage/completed"]) == ("projected", "1")
+        # It claimed its own collection's item only: the two in flight still have theirs.
+        assert {row["collection_id"] for row in all_rows(db.engine, schema.work)} == ids
 
 
 def test_after_a_run_fails_or_is_canceled_without_progress_the_key_changes(db):
@@ -331,13 +396,7 @@ def test_after_a_run_fails_or_is_canceled_without_progress_the_key_changes(db):
             == after_failure[0].run_key
         )
 
-        queued = instance.create_run_for_job(
-            job_def=media_usage_work,
-            run_config=after_failure[0].run_config,
-            status=dg.DagsterRunStatus.QUEUED,
-            tags={RUN_KEY_TAG: after_failure[0].run_key},
-            remote_job_origin=_queued_origin(),
-        )
+        queued = _created(instance, after_failure[0], dg.DagsterRunStatus.QUEUED)
         instance.report_run_canceled(queued)
         after_cancel = evaluate(media_usage_work_sensor, instance, resources).run_requests
         assert after_cancel[0].run_key not in {request.run_key, after_failure[0].run_key}
