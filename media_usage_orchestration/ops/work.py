@@ -1,5 +1,6 @@
-"""The work op: claim due work (of one collection, as the sensor launches it) in batches and
-project each entry, within a budget. The run's tags say what it did: `media_usage/outcome`
+"""The work op: claim one collection's due work (the sensor names the collection; a run launched
+without one takes the collection whose work is due earliest) in batches and project each
+entry, within a budget. The run's tags say what it did: `media_usage/outcome`
 (`projected`, `failed_work`, `retrying`, `superseded`, or why it claimed nothing, such as
 `nothing_due`) and the counts `media_usage/claimed`, `media_usage/completed`,
 `media_usage/retried` and `media_usage/failed`."""
@@ -10,10 +11,17 @@ from pydantic import Field
 from media_usage_orchestration.assets.index import record_drained_coverage
 from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 from media_usage_orchestration.ops.progress import logged_progress
-from media_usage_orchestration.ops.run_tags import OUTCOME_TAG, launched_run, tag_run_collection
+from media_usage_orchestration.ops.run_tags import (
+    OUTCOME_TAG,
+    launched_run,
+    tag_run_collection,
+    tag_run_outcome,
+)
 from media_usage_orchestration.processing import run_loop
-from media_usage_orchestration.processing.run_loop import Budget, WorkDrain
+from media_usage_orchestration.processing.run_loop import Budget, WorkDrain, WorkRunOutcome
 from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.probes import MAX_DUE_WORK_COLLECTIONS, due_work_by_collection
 from media_usage_orchestration.store.registry import read_collection_slug
 
 COUNT_TAGS = {
@@ -27,8 +35,8 @@ COUNT_TAGS = {
 class DrainDueWorkConfig(dg.Config):
     collection_id: str | None = Field(
         default=None,
-        description="Claim only this collection's work (the sensor sets it); unset: every "
-        "collection's, in due order.",
+        description="Claim only this collection's work (the sensor sets it); unset: the work "
+        "of the collection whose work is due earliest.",
     )
     max_items: int = Field(default=5000, ge=1, description="Stop after claiming this many items.")
     max_seconds: float = Field(default=120.0, gt=0, le=3600, description="Time budget.")
@@ -47,17 +55,21 @@ def drain_due_work(
 ):
     budget = Budget(config.max_items, config.max_seconds)
     with retry_transient_errors_only(context):
-        slug = None
-        if config.collection_id is not None:
-            slug = read_collection_slug(database.engine, config.collection_id)
-            tag_run_collection(context, slug)
+        collection_id = config.collection_id or _earliest_due_collection(database.engine)
+        if collection_id is None:
+            context.log.info("No work is due in any collection.")
+            tag_run_outcome(context, WorkRunOutcome.NOTHING_DUE.value)
+            yield dg.Output(None, metadata={"outcome": WorkRunOutcome.NOTHING_DUE.value})
+            return
+        slug = read_collection_slug(database.engine, collection_id)
+        tag_run_collection(context, slug)
         with logged_progress(context, "work", "items", total=config.max_items) as progress:
             drained = run_loop.drain_due_work(
                 database.engine,
                 budget,
                 config.batch_size,
                 progress=progress.counting(lambda batch: batch.counts.claimed),
-                collection_id=config.collection_id,
+                collection_id=collection_id,
             )
         record_drained_coverage(context, database.engine, drained, budget.elapsed_seconds())
     context.log.info(drained.summary(slug))
@@ -66,6 +78,13 @@ def drain_due_work(
     _tag_run(context, drained)
     metadata = {**drained.counts.as_dict(), "stopped_by": drained.stopped_by.value}
     yield dg.Output(None, metadata={**metadata, "outcome": drained.outcome.value})
+
+
+def _earliest_due_collection(engine: Engine) -> str | None:
+    """A run launched without a collection (from the Launchpad) drains one all the same, so
+    that the Runs filter on its collection finds it like every sensor run."""
+    due = due_work_by_collection(engine, MAX_DUE_WORK_COLLECTIONS)
+    return due[0].collection_id if due else None
 
 
 def _tag_run(context: dg.OpExecutionContext, drained: WorkDrain) -> None:

@@ -277,6 +277,8 @@ def test_the_phase_ops_in_order_delete_everything_and_free_the_slug(activated, c
         # 60 seeded rows plus the 3 the capture trigger wrote for the inserted entries
         "rows_deleted": 63,
         "next_phase": "sources",
+        # what a re-execution resumes from (ops/claim_io.py)
+        "collection_id": posts.id,
     }
     assert count(activated.engine, schema.work, collection_id=posts.id) == 0
 
@@ -288,6 +290,7 @@ def test_the_phase_ops_in_order_delete_everything_and_free_the_slug(activated, c
         "batches": 4,
         "rows_deleted": 59,
         "next_phase": "status",
+        "collection_id": posts.id,
     }
 
     cleared = invoke(delete_status, activated, emptied.lease)
@@ -520,6 +523,7 @@ def test_delete_sources_keeps_its_source_and_cursor_across_runs(activated, posts
         "batches": 3,
         "rows_deleted": 30,
         "next_phase": "status",
+        "collection_id": posts.id,
     }
     row = tombstone_row(activated.engine, posts.id)
     assert (row["phase"], row["source_key"], row["occurrence_cursor"]) == ("status", None, None)

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -290,6 +291,15 @@ def test_re_execution_from_failure_resumes_the_run_at_its_checkpoint(db, monkeyp
             assert resumed.success
             resumed_events = resumed.all_events
             run = instance.get_run_by_id(resumed.run_id)
+        # The claim went from op to op in memory and back from the database, never pickled.
+        stored = list(Path(instance.storage_directory()).rglob("*"))
+    assert stored == []
+    assert [
+        event.event_specific_data.metadata
+        for event in failed_events + resumed_events
+        if event.event_type_value == "HANDLED_OUTPUT"
+        and "path" in event.event_specific_data.metadata
+    ] == []
 
     assert run.parent_run_id == failed_run_id
     assert (run.tags[PARTITION_TAG], run.tags[OUTCOME_TAG]) == ("articles", "completed")

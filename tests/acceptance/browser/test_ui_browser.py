@@ -33,9 +33,12 @@ from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
 from media_usage_orchestration.local.in_process_lane import execute_job
 from media_usage_orchestration.ops.reconciliation import FORCE_TAG
+from media_usage_orchestration.ops.work import COUNT_TAGS
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
+from media_usage_orchestration.store.registry import read_collection_id
 from tests.dagster.test_coverage_check import SHOWN
 from tests.dagster.test_webserver_smoke import INSTANCE_YAML, running_webserver
 from tests.support.browser import (
@@ -78,6 +81,7 @@ DEMO = (
 )
 JOB_PATH = f"{LOCATION_PATH}/jobs/{RECONCILIATION_JOB.name}"
 WORK_JOB = "media_usage_work"
+COMPLETED_TAG = COUNT_TAGS["completed"]
 
 
 @pytest.fixture(scope="module")
@@ -249,14 +253,28 @@ def _force_reconciliation_in_process(ui: DemoUi, slug: str) -> None:
     assert run.success, run
 
 
+def _work_runs_of(ui: DemoUi, slug: str) -> list[dg.DagsterRun]:
+    """The work runs the sensor asked for `slug` (their config names its collection)."""
+    collection_id = read_collection_id(ui.engine, slug)
+    return ui.instance.get_runs(
+        filters=dg.RunsFilter(job_name=WORK_JOB, tags={COLLECTION_ID_TAG: collection_id})
+    )
+
+
 def test_the_runs_list_filtered_by_the_collection_tag_finds_every_run_of_it(ui):
     _force_reconciliation_in_process(ui, "articles")
     # Every run of `articles`, found without its tag: the runs of its partition (with the
-    # backfill's when the backfill test ran before on this fixture).
-    expected = {run.run_id for run in _reconciliation_runs(ui, "articles")}
-    assert len(expected) >= 2
+    # backfill's when the backfill test ran before on this fixture) and the work runs the
+    # sensor asked for during the demo's edit wave.
+    reconciliations = {run.run_id for run in _reconciliation_runs(ui, "articles")}
+    work_runs = _work_runs_of(ui, "articles")
+    assert len(reconciliations) >= 2 and work_runs
+    expected = reconciliations | {run.run_id for run in work_runs}
     tagged = ui.instance.get_runs(filters=dg.RunsFilter(tags={COLLECTION_TAG: "articles"}))
     assert {run.run_id for run in tagged} == expected
+    projected = next(run for run in work_runs if run.tags[OUTCOME_TAG] == "projected")
+    completed = projected.tags[COMPLETED_TAG]
+    assert int(completed) > 0
 
     with ui.page("d_runs_by_collection_tag") as page:
         page.goto(ui.url("/runs"))
@@ -271,6 +289,10 @@ def test_the_runs_list_filtered_by_the_collection_tag_finds_every_run_of_it(ui):
         for run_id in expected:
             expect(run_link(page, run_id)).to_be_visible()
         listed = listed_run_ids(page)
+        # The work run's row reads what it did: projected, with its count.
+        row = page.get_by_role("row").filter(has=run_link(page, projected.run_id))
+        expect(row).to_contain_text(f"{OUTCOME_TAG}=projected")
+        expect(row).to_contain_text(f"{COMPLETED_TAG}={completed}")
 
     assert listed == expected
 
