@@ -11,7 +11,10 @@ from media_usage_orchestration.assets.media_library import media_usage_media_lib
 from media_usage_orchestration.assets.projection_cleanup import media_usage_projection_cleanup
 from media_usage_orchestration.ops.claim_io import claim_io_manager
 from media_usage_orchestration.previews import SENSOR_OWNERS, accepting
-from media_usage_orchestration.resources.automation import MediaUsageAutomation
+from media_usage_orchestration.resources.automation import (
+    MediaUsageAutomation,
+    work_linger_from_environment,
+)
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 
 
@@ -49,7 +52,7 @@ defs = resolved(
         schedules=[schedules.media_usage_maintenance_schedule],
         resources={
             "database": MediaUsageDatabase(),
-            "automation": MediaUsageAutomation(),
+            "automation": MediaUsageAutomation(work_linger_seconds=work_linger_from_environment()),
             # Only the lease-guarded graphs' claims go through an IO manager (ops/claim_io.py).
             "io_manager": claim_io_manager,
         },

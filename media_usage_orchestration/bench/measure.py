@@ -234,7 +234,9 @@ def dagster_lane(url: str) -> Iterator[Callable[[tuple], int]]:
     from media_usage_orchestration.resources.automation import MediaUsageAutomation
     from media_usage_orchestration.resources.database import MediaUsageDatabase
 
-    resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
+    # The lane executes one run at a time in this process: a work run ends once drained.
+    automation = MediaUsageAutomation(work_linger_seconds=0)
+    resources = {"database": MediaUsageDatabase.for_url(url), "automation": automation}
 
     def run(sensors: tuple) -> int:
         lane = run_lane(instance, resources, sensors=sensors, log_level="WARNING")

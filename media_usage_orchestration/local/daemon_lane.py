@@ -36,6 +36,7 @@ from dagster._daemon.sensor import execute_sensor_iteration
 
 from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
 from media_usage_orchestration.partitions import media_usage_collections
+from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 
 PROJECT_WORKSPACE = Path(__file__).resolve().parents[2] / "workspace.yaml"
@@ -222,18 +223,21 @@ def quiet_run_logs() -> Iterator[None]:
 
 
 @contextmanager
-def database_environment(url: str) -> Iterator[None]:
-    """`MEDIA_USAGE_DATABASE_URL` set to `url` (the code server and the runs read it), restored
-    afterwards."""
-    previous = os.environ.get(DATABASE_URL_ENV)
-    os.environ[DATABASE_URL_ENV] = url
+def lane_environment(url: str) -> Iterator[None]:
+    """What the code server and the runs read, restored afterwards: `MEDIA_USAGE_DATABASE_URL`
+    set to `url`, and work runs that end once drained (here runs execute one at a time, in
+    this process: a run waiting for more work would hold the whole lane)."""
+    settings = {DATABASE_URL_ENV: url, WORK_LINGER_ENV: "0"}
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(DATABASE_URL_ENV, None)
-        else:
-            os.environ[DATABASE_URL_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager
@@ -245,7 +249,7 @@ def open_daemon_lane(
     if not workspace_file.is_file():
         raise FileNotFoundError(f"No workspace file at {workspace_file}")
     with (
-        database_environment(database_url),
+        lane_environment(database_url),
         WorkspaceProcessContext(
             instance,
             WorkspaceFileTarget(paths=[str(workspace_file)]),

@@ -1,6 +1,7 @@
 """The work op: claim one collection's due work (the sensor names the collection; a run launched
 without one takes the collection whose work is due earliest) in batches and project each
-entry, within a budget. The run's tags say what it did: `media_usage/outcome`
+entry, within a budget; then wait up to `linger_seconds` for more of its work, and drain that
+too, so a burst of edits is projected by the run already there. The run's tags say what it did: `media_usage/outcome`
 (`projected`, `failed_work`, `retrying`, `superseded`, or why it claimed nothing, such as
 `nothing_due`) and the counts `media_usage/claimed`, `media_usage/completed`,
 `media_usage/retried` and `media_usage/failed`."""
@@ -18,7 +19,12 @@ from media_usage_orchestration.ops.run_tags import (
     tag_run_outcome,
 )
 from media_usage_orchestration.processing import run_loop
-from media_usage_orchestration.processing.run_loop import Budget, WorkDrain, WorkRunOutcome
+from media_usage_orchestration.processing.run_loop import (
+    Budget,
+    Linger,
+    WorkDrain,
+    WorkRunOutcome,
+)
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.probes import MAX_DUE_WORK_COLLECTIONS, due_work_by_collection
@@ -41,6 +47,14 @@ class DrainDueWorkConfig(dg.Config):
     max_items: int = Field(default=5000, ge=1, description="Stop after claiming this many items.")
     max_seconds: float = Field(default=120.0, gt=0, le=3600, description="Time budget.")
     batch_size: int = Field(default=25, ge=1, le=100, description="Items claimed per statement.")
+    linger_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=600,
+        description="Once drained, wait this long for more of the collection's work (asking "
+        "every half second) before the run ends (the sensor sets the automation's "
+        "`work_linger_seconds`).",
+    )
 
 
 # Named after the function it runs (processing/run_loop.py: drain_due_work), in Dagster too.
@@ -63,15 +77,21 @@ def drain_due_work(
             return
         slug = read_collection_slug(database.engine, collection_id)
         tag_run_collection(context, slug)
+
+        def record_burst(burst: WorkDrain) -> None:
+            # Each collection's coverage as soon as its queue is empty, not when the run ends.
+            record_drained_coverage(context, database.engine, burst, budget.elapsed_seconds())
+
         with logged_progress(context, "work", "items", total=config.max_items) as progress:
-            drained = run_loop.drain_due_work(
+            drained = run_loop.drain_while_work_arrives(
                 database.engine,
                 budget,
                 config.batch_size,
+                collection_id,
+                Linger(config.linger_seconds),
+                on_burst=record_burst,
                 progress=progress.counting(lambda batch: batch.counts.claimed),
-                collection_id=collection_id,
             )
-        record_drained_coverage(context, database.engine, drained, budget.elapsed_seconds())
     context.log.info(drained.summary(slug))
     # Items that failed for good are their rows' state, not the run's: the run succeeds and
     # says so in its outcome tag, a WARNING and each collection's failing check.

@@ -7,6 +7,9 @@ reconciliation driver runs the same loops (`reconciliation/walks.py`).
   once, so the next run continues from the row's checkpoints.
 - `drain_due_work` claims and processes due work in batches until nothing is due, capture
   is inactive or the budget (items claimed, seconds) is spent.
+- `drain_while_work_arrives` drains one collection again and again while more of its work
+  arrives within a `Linger` (a work run that stays for the next edit, instead of a new run
+  per edit).
 
 Both take an optional `progress` callable, told each page's or batch's result as it lands, so
 a caller can report how far a long step has come (the ops log it, throttled).
@@ -27,6 +30,7 @@ from media_usage_orchestration.processing.work import (
     process_due_batch,
 )
 from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.probes import collection_has_due_work
 
 L = TypeVar("L")
 R = TypeVar("R")
@@ -181,6 +185,15 @@ class WorkDrain:
     # (collection id, slug) -> items of that collection failed for good
     failed_by_collection: Mapping[tuple[str, str], int]
 
+    def __add__(self, later: WorkDrain) -> WorkDrain:
+        """This drain followed by `later` (one run's bursts): summed, stopped as `later`."""
+        return WorkDrain(
+            later.stopped_by,
+            self.counts + later.counts,
+            Counter(self.completed_by_collection) + Counter(later.completed_by_collection),
+            Counter(self.failed_by_collection) + Counter(later.failed_by_collection),
+        )
+
     @property
     def changed_collections(self) -> list[tuple[str, str]]:
         """Collections with work completed or failed for good, by id."""
@@ -244,8 +257,55 @@ def drain_due_work(
     return WorkDrain(WorkDrainEnd.BUDGET, counts, completed, failed)
 
 
+@dataclass(frozen=True)
+class Linger:
+    """How long a drained work run waits for more of its collection's work: it asks every
+    `poll_seconds` and gives up after `seconds` without any (or when its budget is spent)."""
+
+    seconds: float
+    poll_seconds: float = 0.5
+    sleep: Callable[[float], None] = time.sleep
+
+    def wait_for_work(self, budget: Budget, has_due_work: Callable[[], bool]) -> bool:
+        """True as soon as `has_due_work()` says so; False once the linger or budget ran out."""
+        quiet_since = budget.clock()
+        while not budget.exhausted():
+            waited = budget.clock() - quiet_since
+            if waited >= self.seconds:
+                return False
+            self.sleep(min(self.poll_seconds, self.seconds - waited))
+            if has_due_work():
+                return True
+        return False
+
+
+def drain_while_work_arrives(
+    engine: Engine,
+    budget: Budget,
+    batch_size: int,
+    collection_id: str,
+    linger: Linger,
+    on_burst: Callable[[WorkDrain], None],
+    progress: Callable[[WorkBatchResult], None] | None = None,
+) -> WorkDrain:
+    """`drain_due_work` of one collection, then again each time more of its work becomes due
+    within the linger, within one budget. `on_burst` is told each drain that ended with
+    nothing due (what it did, so the caller can record coverage before waiting); the result
+    sums them."""
+    total: WorkDrain | None = None
+    while True:
+        burst = drain_due_work(engine, budget, batch_size, progress, collection_id)
+        on_burst(burst)
+        total = burst if total is None else total + burst
+        if burst.stopped_by is not WorkDrainEnd.NOTHING_DUE:
+            return total
+        if not linger.wait_for_work(budget, lambda: collection_has_due_work(engine, collection_id)):
+            return total
+
+
 __all__ = [
     "Budget",
+    "Linger",
     "Page",
     "Paging",
     "PagingEnd",
@@ -253,5 +313,6 @@ __all__ = [
     "WorkDrainEnd",
     "WorkRunOutcome",
     "drain_due_work",
+    "drain_while_work_arrives",
     "page_until_done",
 ]

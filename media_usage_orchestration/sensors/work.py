@@ -38,7 +38,9 @@ def _due_work(engine: Engine) -> list[CollectionDueWork]:
 
 @dg.sensor(
     job=media_usage_work,
-    minimum_interval_seconds=15,
+    # The probe is a few index seeks: ticking often costs little, and a new edit waits at
+    # most this long for its run (a run in flight drains it within half a second).
+    minimum_interval_seconds=3,
     default_status=automation_default_status(),
     description="One work run per collection with claimable work, tagged with the collection, "
     "while fewer than `max_work_runs` work runs (and `work_runs_per_collection` of that "
@@ -102,6 +104,7 @@ def _work_run(
                         "max_items": automation.work_items_per_run,
                         "max_seconds": automation.work_seconds_per_run,
                         "batch_size": automation.work_batch_size,
+                        "linger_seconds": automation.work_linger_seconds,
                     }
                 }
             }

@@ -46,6 +46,13 @@ class OperatorInputError(MediaUsageError, ValueError):
     code = "VALIDATION_ERROR"
 
 
+class InvalidSettingError(MediaUsageError, ValueError):
+    """An environment setting of the deployment that cannot be used; the location refuses to
+    load rather than run with a value nobody chose."""
+
+    code = "MEDIA_USAGE_INVALID_SETTING"
+
+
 class DatabaseFileError(MediaUsageError, ValueError):
     """The SQLite file cannot be used as asked: a read-only engine's file does not exist
     (raised on connecting; nothing is created), or a new file's directory cannot be made."""

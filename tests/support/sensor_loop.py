@@ -21,6 +21,9 @@ RUN_KEY_TAG = in_process_lane.RUN_KEY_TAG
 
 
 def resources_for(url: str, **automation: Any) -> dict[str, Any]:
+    """The project's resources; work runs end once drained unless a test asks them to linger
+    (the in-process lane executes one run at a time)."""
+    automation.setdefault("work_linger_seconds", 0)
     return {
         "database": MediaUsageDatabase.for_url(url),
         "automation": MediaUsageAutomation(**automation),
