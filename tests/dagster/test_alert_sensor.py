@@ -15,6 +15,7 @@ dialects.
 """
 
 import contextlib
+import datetime
 import json
 import logging
 import socket
@@ -25,6 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import dagster as dg
 import pytest
+from dagster._core.scheduler.instigation import TickStatus
+from dagster._core.test_utils import freeze_time
+from dagster._daemon.sensor import execute_sensor_iteration
 
 from media_usage_orchestration.assets.index import COVERAGE_CHECK, MEDIA_USAGE_INDEX
 from media_usage_orchestration.definitions import defs
@@ -36,6 +40,8 @@ from media_usage_orchestration.sensors.alerts import (
     QUEUE_CHECK,
     media_usage_alert_sensor,
 )
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
+from tests.support.reconciliation_runs import daemon_workspace, remote_repository
 from tests.support.sensor_loop import resources
 
 SECRET = "T0000/B0000/s3cr3t-t0ken"
@@ -461,3 +467,47 @@ def test_an_unreadable_cursor_counts_as_nothing_announced(collections, receiver)
 
     assert len(receiver.requests) == 1
     assert _announced(data.cursor) == {("media_usage_index", COVERAGE_CHECK, "blog")}
+
+
+# --- a real daemon tick --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_real_daemon_tick_announces_once_and_the_daemon_keeps_the_cursor(tmp_path, webhook_env):
+    """Through a gRPC code server and the sensor daemon's own iteration: the sensor gets its
+    repository there, reads the variable in the code server, and the daemon stores the cursor."""
+    # No schema: the location loads without coverage history assets, the other sensors skip.
+    webhook_env.setenv(DATABASE_URL_ENV, f"sqlite:///{tmp_path / 'media_usage.db'}")
+    with receiving() as receiver:
+        webhook_env.setenv(ALERT_WEBHOOK_ENV, receiver.url)  # the code server reads it as it starts
+        with dg.instance_for_test() as instance, daemon_workspace(instance) as workspace:
+            sensor = remote_repository(workspace).get_sensor(media_usage_alert_sensor.name)
+            instance.add_dynamic_partitions(media_usage_collections.name, ["blog"])
+            COVERAGE.record(instance, "blog", passed=False)
+            now = datetime.datetime.now(datetime.UTC)
+            ticks = []
+            for _ in range(2):
+                now += datetime.timedelta(seconds=31)
+                with freeze_time(now):
+                    list(
+                        execute_sensor_iteration(
+                            workspace,
+                            logging.getLogger("sensor_daemon"),
+                            threadpool_executor=None,
+                            submit_threadpool_executor=None,
+                        )
+                    )
+                [latest] = instance.get_ticks(
+                    sensor.get_remote_origin_id(), sensor.selector_id, limit=1
+                )
+                ticks.append(latest)
+            state = instance.get_instigator_state(sensor.get_remote_origin_id(), sensor.selector_id)
+
+    assert len(receiver.requests) == 1
+    assert "collection `blog` fails its check `coverage_complete`" in receiver.texts[0]
+    assert [tick.status for tick in ticks] == [TickStatus.SKIPPED, TickStatus.SKIPPED]
+    assert "announced 1 change(s)" in ticks[0].skip_reason
+    assert "no check turned failing or passing (1 failing, announced)" in ticks[1].skip_reason
+    assert _announced(state.instigator_data.cursor) == {
+        ("media_usage_index", COVERAGE_CHECK, "blog")
+    }
