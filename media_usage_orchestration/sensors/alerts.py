@@ -64,7 +64,8 @@ class CheckTarget:
 
     @property
     def collection(self) -> str:
-        """The slug: the partition of `media_usage_index`, the last part of `media_usage_queue/<slug>`."""
+        """The slug: the partition (of `media_usage_index`), else the asset key's last part
+        (`media_usage_queue/<slug>`)."""
         return self.partition or self.asset_key.rsplit("/", 1)[-1]
 
     @property
@@ -255,13 +256,13 @@ def is_http_url(url: str) -> bool:
 def post_message(url: str, text: str) -> str | None:
     """POST `{"text": text}` as JSON; None once the webhook answered 2xx, else why not (in
     words that never carry the URL: urllib's own messages may quote it)."""
-    request = urllib.request.Request(
-        url,
-        data=json.dumps({"text": text}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
     try:
+        request = urllib.request.Request(
+            url,
+            data=json.dumps({"text": text}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with _opener.open(request, timeout=WEBHOOK_TIMEOUT_SECONDS) as response:
             status = response.status
     except Exception as error:  # whatever the webhook does, the tick goes on
