@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import dagster as dg
 import pytest
 from dagster._core.scheduler.instigation import TickStatus
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.test_utils import freeze_time
 from dagster._daemon.sensor import execute_sensor_iteration
 
@@ -322,6 +323,10 @@ def test_a_check_being_evaluated_keeps_the_verdict_before_it(collections, receiv
         raise_on_error=False,
     )
     assert not run.success
+    [latest] = collections.event_log_storage.get_asset_check_partition_info(
+        [dg.AssetCheckKey(MEDIA_USAGE_INDEX, COVERAGE_CHECK)], partition_keys=["blog"]
+    )
+    assert latest.latest_execution_status is AssetCheckExecutionRecordStatus.PLANNED
 
     data = tick(collections)  # the failing evaluation before the planned one is still announced
     assert len(receiver.requests) == 1
