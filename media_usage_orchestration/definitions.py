@@ -48,6 +48,7 @@ defs = resolved(
             sensors.media_usage_reconciliation_sensor,
             sensors.media_usage_collection_deletion_sensor,
             sensors.media_usage_projection_gc_sensor,
+            sensors.media_usage_alert_sensor,
         ],
         schedules=[schedules.media_usage_maintenance_schedule],
         resources={

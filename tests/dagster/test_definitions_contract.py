@@ -57,6 +57,9 @@ WORKFLOW_TAGS = {
     "retry_media_usage_reconciliation": "operator",
 }
 SENSORS = {
+    # Launches no runs: it posts to a webhook when a check turns failing or recovers. Renaming it
+    # resets its cursor, so the checks failing then are announced once more.
+    "media_usage_alert_sensor": (None, 30),
     "media_usage_collection_deletion_sensor": ("media_usage_collection_deletion", 30),
     "media_usage_projection_gc_sensor": ("media_usage_projection_gc", 60),
     "media_usage_reconciliation_sensor": ("media_usage_reconciliation", 30),
@@ -130,7 +133,8 @@ def test_the_reconciliation_graph_hands_the_claim_through_named_outputs():
 
 def test_sensor_schedule_resource_and_partition_names():
     assert {
-        sensor.name: (sensor.job_name, sensor.minimum_interval_seconds) for sensor in defs.sensors
+        sensor.name: (sensor.job_name if sensor.targets else None, sensor.minimum_interval_seconds)
+        for sensor in defs.sensors
     } == SENSORS
     assert {
         schedule.name: (schedule.job_name, schedule.cron_schedule, schedule.execution_timezone)

@@ -1,0 +1,518 @@
+"""The alert sensor against a real HTTP receiver on 127.0.0.1: one post when a collection's
+check turns failing, none on the ticks after, one when it recovers; a post the webhook did not
+take (HTTP 500, a redirect, a closed port, no answer) is retried on a later tick; without the
+variable the sensor skips saying which to set; the webhook's URL (its secret token) appears in
+no tick reason, log line or cursor.
+
+Both checks are covered: `coverage_complete` (partitioned by collection, evaluated inside runs
+as the project's runs do) and `queue_healthy` on per-collection `media_usage_queue/<slug>`
+assets, declared here as the code location will declare them, evaluated runless.
+
+The sensor reads only the Dagster instance, never the project's database, so these tests run
+once, on the `instance` fixture (Dagster's ephemeral instance). The test that runs the real
+`media_usage_coverage_check` job needs a project database for that job and runs on both
+dialects.
+"""
+
+import contextlib
+import datetime
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+from dagster._core.scheduler.instigation import TickStatus
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.test_utils import freeze_time
+from dagster._daemon.sensor import execute_sensor_iteration
+
+from media_usage_orchestration.assets.index import COVERAGE_CHECK, MEDIA_USAGE_INDEX
+from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.partitions import media_usage_collections
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.sensors import alerts
+from media_usage_orchestration.sensors.alerts import (
+    ALERT_WEBHOOK_ENV,
+    QUEUE_CHECK,
+    media_usage_alert_sensor,
+)
+from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
+from tests.support.reconciliation_runs import daemon_workspace, remote_repository
+from tests.support.sensor_loop import resources
+
+SECRET = "T0000/B0000/s3cr3t-t0ken"
+SLUGS = ("blog", "news")
+
+
+def _queue_key(slug: str) -> dg.AssetKey:
+    return dg.AssetKey(["media_usage_queue", slug])
+
+
+def _queue_check(slug: str) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=_queue_key(slug), name=QUEUE_CHECK)
+    def queue_healthy() -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(passed=True)
+
+    return queue_healthy
+
+
+# The project's definitions with the per-collection queue assets and their checks.
+DEFINITIONS = dg.Definitions.merge(
+    defs,
+    dg.Definitions(
+        assets=[dg.AssetSpec(_queue_key(slug)) for slug in SLUGS],
+        asset_checks=[_queue_check(slug) for slug in SLUGS],
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """How a test records one collection's check: its asset key and partition."""
+
+    name: str
+
+    def asset_key(self, slug: str) -> dg.AssetKey:
+        return MEDIA_USAGE_INDEX if self.name == COVERAGE_CHECK else _queue_key(slug)
+
+    def partition(self, slug: str) -> str | None:
+        return slug if self.name == COVERAGE_CHECK else None
+
+    def record(self, instance: dg.DagsterInstance, slug: str, passed: bool, why: str = "") -> None:
+        evaluation = dg.AssetCheckEvaluation(
+            asset_key=self.asset_key(slug),
+            check_name=self.name,
+            passed=passed,
+            partition=self.partition(slug),
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=why or ("all good" if passed else f"{slug} is broken"),
+        )
+        if evaluation.partition is None:
+            instance.report_runless_asset_event(evaluation)
+        else:
+            # Dagster stores one row per (check, run, partition): a second runless evaluation
+            # of one partition collides, so partitioned ones are logged inside a run, as the
+            # project's runs log coverage_complete.
+            _in_a_run(instance, evaluation)
+
+
+COVERAGE, QUEUE = Check(COVERAGE_CHECK), Check(QUEUE_CHECK)
+CHECKS = pytest.mark.parametrize("check", [COVERAGE, QUEUE], ids=lambda check: check.name)
+
+
+def _in_a_run(instance: dg.DagsterInstance, evaluation: dg.AssetCheckEvaluation) -> None:
+    @dg.op
+    def evaluate(context: dg.OpExecutionContext) -> None:
+        context.log_event(evaluation)
+
+    @dg.job
+    def record_evaluation():
+        evaluate()
+
+    assert record_evaluation.execute_in_process(instance=instance).success
+
+
+# --- the receiver --------------------------------------------------------------------------------
+
+
+@dataclass
+class Receiver:
+    """A local webhook: every request it got, and the status it answers with."""
+
+    url: str
+    requests: list[dict] = field(default_factory=list)
+    status: int = 200
+
+    @property
+    def texts(self) -> list[str]:
+        return [request["body"]["text"] for request in self.requests]
+
+
+@contextlib.contextmanager
+def receiving() -> Iterator[Receiver]:
+    receiver = Receiver(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            self._record(json.loads(body))
+
+        def do_GET(self):
+            self._record(None)
+
+        def _record(self, body):
+            receiver.requests.append(
+                {
+                    "method": self.command,
+                    "path": self.path,
+                    "content_type": self.headers["Content-Type"],
+                    "body": body,
+                }
+            )
+            self.send_response(receiver.status)
+            if 300 <= receiver.status < 400:
+                self.send_header("Location", "/elsewhere")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/services/{SECRET}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def webhook_env(monkeypatch) -> pytest.MonkeyPatch:
+    for proxy in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def receiver(webhook_env) -> Iterator[Receiver]:
+    with receiving() as receiver:
+        webhook_env.setenv(ALERT_WEBHOOK_ENV, receiver.url)
+        yield receiver
+
+
+@pytest.fixture
+def collections(instance) -> dg.DagsterInstance:
+    instance.add_dynamic_partitions(media_usage_collections.name, list(SLUGS))
+    return instance
+
+
+@pytest.fixture
+def logs(caplog) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG)
+    return caplog
+
+
+def tick(
+    instance: dg.DagsterInstance,
+    cursor: str | None = None,
+    logs: pytest.LogCaptureFixture | None = None,
+):
+    """One evaluation, as the daemon runs it: the sensor's cursor in, the tick's data out.
+    With `logs`, they capture every line the sensor logs (its logger is its own, not one of
+    the logging module's, so pytest does not see it otherwise)."""
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, definitions=DEFINITIONS
+    ) as context:
+        if logs is not None:
+            context.log.addHandler(logs.handler)
+        data = media_usage_alert_sensor.evaluate_tick(context)
+    assert not data.run_requests
+    return data
+
+
+def _announced(cursor: str | None) -> set[tuple]:
+    return {(t.asset_key, t.check_name, t.partition) for t in alerts.announced_failing(cursor)}
+
+
+def assert_secret_absent(data, logs: pytest.LogCaptureFixture) -> None:
+    assert SECRET not in (data.skip_message or "")
+    assert SECRET not in (data.cursor or "")
+    assert SECRET not in logs.text
+
+
+# --- announcements -------------------------------------------------------------------------------
+
+
+@CHECKS
+def test_one_post_when_a_check_turns_failing_and_one_when_it_recovers(collections, receiver, check):
+    instance = collections
+    check.record(instance, "blog", passed=True)
+    first = tick(instance)
+    assert receiver.requests == []  # a check first seen passing is not announced
+    assert _announced(first.cursor) == set()
+
+    check.record(instance, "blog", passed=False, why="3 failed work item(s)")
+    failed = tick(instance, first.cursor)
+    [request] = receiver.requests
+    assert (request["method"], request["content_type"]) == ("POST", "application/json")
+    assert list(request["body"]) == ["text"]
+    text = request["body"]["text"]
+    assert "collection `blog` fails its check" in text and f"`{check.name}`" in text
+    assert "3 failed work item(s)" in text
+    assert "What to do:" in text and "Where to look: the Dagster UI" in text
+    assert check.asset_key("blog").to_user_string() in text
+    key = (check.asset_key("blog").to_user_string(), check.name, check.partition("blog"))
+    assert _announced(failed.cursor) == {key}
+    assert "announced 1 change(s) to the webhook at MEDIA_USAGE_ALERT_WEBHOOK_URL" in (
+        failed.skip_message
+    )
+
+    # Still failing, evaluated again, and a restart (the cursor is all that survives): silence.
+    check.record(instance, "blog", passed=False)
+    again = tick(instance, failed.cursor)
+    restarted = tick(instance, again.cursor)
+    assert len(receiver.requests) == 1
+    assert restarted.cursor == failed.cursor
+    assert "no check turned failing or passing (1 failing, announced)" in restarted.skip_message
+
+    check.record(instance, "blog", passed=True)
+    recovered = tick(instance, restarted.cursor)
+    assert len(receiver.requests) == 2
+    assert "collection `blog` passes its check" in receiver.texts[1]
+    assert f"`{check.name}` again" in receiver.texts[1]
+    assert _announced(recovered.cursor) == set()
+
+    tick(instance, recovered.cursor)
+    assert len(receiver.requests) == 2
+
+
+def test_checks_first_seen_failing_are_announced_each_once(collections, receiver):
+    COVERAGE.record(collections, "blog", passed=False)
+    QUEUE.record(collections, "news", passed=False)
+    QUEUE.record(collections, "blog", passed=True)
+
+    data = tick(collections)
+
+    assert len(receiver.requests) == 2
+    assert "collection `blog` fails its check `coverage_complete`" in receiver.texts[0]
+    assert "collection `news` fails its check `queue_healthy`" in receiver.texts[1]
+    assert "media-usage work retry --collection blog --all-failed" in receiver.texts[0]
+    assert "partition blog" in receiver.texts[0]
+    assert _announced(data.cursor) == {
+        ("media_usage_index", COVERAGE_CHECK, "blog"),
+        ("media_usage_queue/news", QUEUE_CHECK, None),
+    }
+    tick(collections, data.cursor)
+    assert len(receiver.requests) == 2
+
+
+def test_the_coverage_check_jobs_failing_evaluation_is_announced(db, collections, receiver):
+    # `ghost` has a partition but no registry collection: the check fails saying so.
+    collections.add_dynamic_partitions(media_usage_collections.name, ["ghost"])
+    run = defs.resolve_job_def("media_usage_coverage_check").execute_in_process(
+        instance=collections, resources=resources(db), tags={"dagster/partition": "ghost"}
+    )
+    assert run.success
+
+    data = tick(collections)
+
+    [text] = receiver.texts
+    assert "Media usage ERROR: collection `ghost` fails its check `coverage_complete`" in text
+    assert "no registry collection 'ghost'" in text
+    assert _announced(data.cursor) == {("media_usage_index", COVERAGE_CHECK, "ghost")}
+
+
+def test_a_check_being_evaluated_keeps_the_verdict_before_it(collections, receiver, tmp_path):
+    COVERAGE.record(collections, "blog", passed=False)
+    # A check run that dies before evaluating (no schema here) leaves its execution planned.
+    broken = {"database": MediaUsageDatabase.for_url(f"sqlite:///{tmp_path / 'none.db'}")}
+    run = defs.resolve_job_def("media_usage_coverage_check").execute_in_process(
+        instance=collections,
+        resources=broken,
+        tags={"dagster/partition": "blog"},
+        raise_on_error=False,
+    )
+    assert not run.success
+    [latest] = collections.event_log_storage.get_asset_check_partition_info(
+        [dg.AssetCheckKey(MEDIA_USAGE_INDEX, COVERAGE_CHECK)], partition_keys=["blog"]
+    )
+    assert latest.latest_execution_status is AssetCheckExecutionRecordStatus.PLANNED
+
+    data = tick(collections)  # the failing evaluation before the planned one is still announced
+    assert len(receiver.requests) == 1
+    assert "collection `blog` fails" in receiver.texts[0]
+    tick(collections, data.cursor)
+    assert len(receiver.requests) == 1
+
+
+def test_a_deleted_collection_is_forgotten(collections, receiver):
+    COVERAGE.record(collections, "blog", passed=False)
+    announced = tick(collections)
+    assert _announced(announced.cursor) == {("media_usage_index", COVERAGE_CHECK, "blog")}
+
+    collections.delete_dynamic_partition(media_usage_collections.name, "blog")
+    data = tick(collections, announced.cursor)
+
+    assert len(receiver.requests) == 1
+    assert _announced(data.cursor) == set()
+
+
+def test_a_tick_posts_at_most_its_share_and_leaves_the_rest_to_the_next(
+    collections, receiver, monkeypatch
+):
+    monkeypatch.setattr(alerts, "MAX_ANNOUNCEMENTS_PER_TICK", 1)
+    for slug in SLUGS:
+        QUEUE.record(collections, slug, passed=False)
+
+    first = tick(collections)
+    assert len(receiver.requests) == 1
+    assert "1 announcement(s) wait for the next tick" in first.skip_message
+    second = tick(collections, first.cursor)
+    third = tick(collections, second.cursor)
+
+    assert [text.split("`")[1] for text in receiver.texts] == ["blog", "news"]
+    assert len(_announced(third.cursor)) == 2
+
+
+# --- failed deliveries ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 302])
+def test_a_post_the_webhook_refused_is_retried_on_the_next_tick(
+    collections, receiver, status, logs
+):
+    QUEUE.record(collections, "blog", passed=False)
+    receiver.status = status
+
+    refused = tick(collections, logs=logs)
+
+    assert [r["method"] for r in receiver.requests] == ["POST"]  # a redirect is not followed
+    assert _announced(refused.cursor) == set()
+    assert refused.skip_message == (
+        f"delivery failed: the webhook at MEDIA_USAGE_ALERT_WEBHOOK_URL answered HTTP {status}; "
+        "1 announcement(s) wait for the next tick"
+    )
+    assert "alert not delivered" in logs.text
+    assert_secret_absent(refused, logs)
+
+    receiver.status = 200
+    delivered = tick(collections, refused.cursor, logs)
+    assert len(receiver.requests) == 2 and receiver.texts[0] == receiver.texts[1]
+    assert _announced(delivered.cursor) == {("media_usage_queue/blog", QUEUE_CHECK, None)}
+    assert "alert delivered" in logs.text
+    assert_secret_absent(delivered, logs)
+
+
+@contextlib.contextmanager
+def _closed_port() -> Iterator[int]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+    yield port
+
+
+@contextlib.contextmanager
+def _silent_port() -> Iterator[int]:
+    """A port whose listener never answers: the kernel completes the connection, nobody reads."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("port", "why"),
+    [
+        (_closed_port, "refused the connection"),
+        (_silent_port, "did not answer within 0.2 s"),
+    ],
+    ids=["closed", "silent"],
+)
+def test_an_unreachable_webhook_is_retried_and_the_tick_still_ends(
+    collections, webhook_env, port, why, logs
+):
+    webhook_env.setattr(alerts, "WEBHOOK_TIMEOUT_SECONDS", 0.2)
+    COVERAGE.record(collections, "blog", passed=False)
+    with port() as number:
+        webhook_env.setenv(ALERT_WEBHOOK_ENV, f"http://127.0.0.1:{number}/services/{SECRET}")
+        unreachable = tick(collections, logs=logs)
+
+    assert unreachable.skip_message == (
+        f"delivery failed: the webhook at MEDIA_USAGE_ALERT_WEBHOOK_URL {why}; "
+        "1 announcement(s) wait for the next tick"
+    )
+    assert _announced(unreachable.cursor) == set()
+    assert f"alert not delivered: the webhook at MEDIA_USAGE_ALERT_WEBHOOK_URL {why}" in logs.text
+    assert_secret_absent(unreachable, logs)
+
+    with receiving() as receiver:
+        webhook_env.setenv(ALERT_WEBHOOK_ENV, receiver.url)
+        delivered = tick(collections, unreachable.cursor)
+    assert len(receiver.requests) == 1
+    assert _announced(delivered.cursor) == {("media_usage_index", COVERAGE_CHECK, "blog")}
+
+
+# --- no webhook ----------------------------------------------------------------------------------
+
+
+def test_without_the_variable_the_sensor_skips_saying_which_to_set(collections, webhook_env):
+    webhook_env.delenv(ALERT_WEBHOOK_ENV, raising=False)
+    COVERAGE.record(collections, "blog", passed=False)
+
+    data = tick(collections, cursor="{}")
+
+    assert f"set {ALERT_WEBHOOK_ENV} to a webhook URL" in data.skip_message
+    assert data.cursor == "{}"  # nothing announced, so the failure is announced once it is set
+
+
+@pytest.mark.parametrize("value", [f"ftp://example.com/{SECRET}", f"{SECRET}"])
+def test_a_value_that_is_no_http_url_is_refused_without_showing_it(
+    collections, webhook_env, value, logs
+):
+    webhook_env.setenv(ALERT_WEBHOOK_ENV, value)
+    COVERAGE.record(collections, "blog", passed=False)
+
+    data = tick(collections, logs=logs)
+
+    assert data.skip_message == f"no alerts sent: {ALERT_WEBHOOK_ENV} is not an http(s) URL"
+    assert_secret_absent(data, logs)
+
+
+def test_an_unreadable_cursor_counts_as_nothing_announced(collections, receiver):
+    COVERAGE.record(collections, "blog", passed=False)
+
+    data = tick(collections, cursor="not json")
+
+    assert len(receiver.requests) == 1
+    assert _announced(data.cursor) == {("media_usage_index", COVERAGE_CHECK, "blog")}
+
+
+# --- a real daemon tick --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_real_daemon_tick_announces_once_and_the_daemon_keeps_the_cursor(tmp_path, webhook_env):
+    """Through a gRPC code server and the sensor daemon's own iteration: the sensor gets its
+    repository there, reads the variable in the code server, and the daemon stores the cursor."""
+    # No schema: the location loads without coverage history assets, the other sensors skip.
+    webhook_env.setenv(DATABASE_URL_ENV, f"sqlite:///{tmp_path / 'media_usage.db'}")
+    with receiving() as receiver:
+        webhook_env.setenv(ALERT_WEBHOOK_ENV, receiver.url)  # the code server reads it as it starts
+        with dg.instance_for_test() as instance, daemon_workspace(instance) as workspace:
+            sensor = remote_repository(workspace).get_sensor(media_usage_alert_sensor.name)
+            instance.add_dynamic_partitions(media_usage_collections.name, ["blog"])
+            COVERAGE.record(instance, "blog", passed=False)
+            now = datetime.datetime.now(datetime.UTC)
+            ticks = []
+            for _ in range(2):
+                now += datetime.timedelta(seconds=31)
+                with freeze_time(now):
+                    list(
+                        execute_sensor_iteration(
+                            workspace,
+                            logging.getLogger("sensor_daemon"),
+                            threadpool_executor=None,
+                            submit_threadpool_executor=None,
+                        )
+                    )
+                [latest] = instance.get_ticks(
+                    sensor.get_remote_origin_id(), sensor.selector_id, limit=1
+                )
+                ticks.append(latest)
+            state = instance.get_instigator_state(sensor.get_remote_origin_id(), sensor.selector_id)
+
+    assert len(receiver.requests) == 1
+    assert "collection `blog` fails its check `coverage_complete`" in receiver.texts[0]
+    assert [tick.status for tick in ticks] == [TickStatus.SKIPPED, TickStatus.SKIPPED]
+    assert "announced 1 change(s)" in ticks[0].skip_reason
+    assert "no check turned failing or passing (1 failing, announced)" in ticks[1].skip_reason
+    assert _announced(state.instigator_data.cursor) == {
+        ("media_usage_index", COVERAGE_CHECK, "blog")
+    }
