@@ -63,12 +63,12 @@ SENSORS = {
     "media_usage_collection_deletion_sensor": ("media_usage_collection_deletion", 30),
     "media_usage_projection_gc_sensor": ("media_usage_projection_gc", 60),
     "media_usage_reconciliation_sensor": ("media_usage_reconciliation", 30),
-    "media_usage_work_sensor": ("media_usage_work", 15),
+    "media_usage_work_sensor": ("media_usage_work", 3),
 }
 SCHEDULES = {
     "media_usage_maintenance_schedule": ("media_usage_maintenance", "*/2 * * * *", "UTC"),
 }
-RESOURCES = ["automation", "database"]
+RESOURCES = ["automation", "database", "io_manager"]
 PARTITIONS_DEF = "media_usage_collections"
 LOCATION = "media_usage_orchestration"
 

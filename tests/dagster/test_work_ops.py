@@ -4,6 +4,7 @@ the step at once."""
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -17,6 +18,7 @@ from sqlalchemy.engine import make_url
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.ops import common
+from media_usage_orchestration.ops import work as work_op_module
 from media_usage_orchestration.ops.activation import activate_capture
 from media_usage_orchestration.ops.common import (
     TRANSIENT_RETRY_POLICY,
@@ -108,6 +110,34 @@ def test_the_item_budget_bounds_one_invocation_and_the_next_one_finishes(db):
     assert not report.has_drift and report.pending_work_count == 0
 
 
+def test_a_lingering_run_projects_an_edit_committed_while_it_waits(db, monkeypatch):
+    """With `linger_seconds`, the drained op waits for more of its collection's work: an entry
+    written during the wait is claimed by the same invocation, and the wait then ends."""
+    posts = active_collection(db.engine, "posts")
+    _entries(db.engine, "posts", 2)
+    polls = []
+
+    def edit_on_first_poll(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 1:
+            insert_entry(db.engine, "posts", "written-while-waiting")
+        else:
+            time.sleep(seconds)
+
+    monkeypatch.setattr(
+        work_op_module, "Linger", lambda seconds: run_loop.Linger(seconds, 0.1, edit_on_first_poll)
+    )
+
+    metadata = _run_work_op(db, linger_seconds=0.3)
+
+    assert _counts(metadata) == _expected(claimed=3, completed=3)
+    assert (metadata["stopped_by"], metadata["outcome"]) == ("nothing_due", "projected")
+    assert find_source(db.engine, canonical_key(posts, "written-while-waiting"))
+    # The first poll found the edit; after that burst it waited its 0.3 s in 0.1 s polls.
+    assert polls[0] == 0.1 and 3 <= len(polls) <= 5
+    assert work_count(db.engine) == 0
+
+
 def test_a_spent_time_budget_claims_nothing(db):
     active_collection(db.engine, "posts")
     _entries(db.engine, "posts", 2)
@@ -147,12 +177,13 @@ def test_metadata_counts_every_outcome_and_the_rows_agree(db):
         connection.execute(schema.collections.delete().where(schema.collections.c.id == reused.id))
     insert_registry(db.engine, id="replacement-id", slug="reused", label="Reused")
 
-    metadata = _run_work_op(db, batch_size=10)
+    metadata = _run_work_op(db, batch_size=10, collection_id=posts.id)
+    # A run takes one collection's work: unnamed, the one due earliest (the replaced one's).
+    obsolete = _run_work_op(db, batch_size=10)
 
-    assert _counts(metadata) == _expected(
-        claimed=6, completed=2, retry=1, failed=1, superseded=1, obsolete=1
-    )
-    assert metadata["stopped_by"] == "nothing_due"
+    assert _counts(metadata) == _expected(claimed=5, completed=2, retry=1, failed=1, superseded=1)
+    assert _counts(obsolete) == _expected(claimed=1, obsolete=1)
+    assert metadata["stopped_by"] == obsolete["stopped_by"] == "nothing_due"
     retry = work_for(db.engine, "entry-retry")
     assert (retry["state"], retry["attempt_count"], retry["last_error_code"]) == (
         "retry",
