@@ -161,6 +161,23 @@ def claim_activation(connection: Connection) -> tuple[str, ActivationRow] | None
     return token, record_from_row(ActivationRow, row)
 
 
+MAINTENANCE_TURNS = 3
+
+
+def rotate_maintenance_turn(connection: Connection) -> int | None:
+    """EmDash's lane turn: advance `media_usage_maintenance_turn` modulo 3 and return the new
+    turn, in one `UPDATE ... RETURNING`; None (nothing changed) unless capture is `active`.
+    The rotation and the state check are one statement, so two lanes never share a turn and
+    a lane never takes one while activation runs."""
+    turn = activation.c.media_usage_maintenance_turn
+    return connection.execute(
+        update(activation)
+        .where(activation.c.task_key == ACTIVATION_KEY, activation.c.state == "active")
+        .values(media_usage_maintenance_turn=(turn + 1) % MAINTENANCE_TURNS)
+        .returning(turn)
+    ).scalar_one_or_none()
+
+
 def lease_is_live(connection: Connection, lease_token: str) -> bool:
     found = connection.execute(select(activation.c.task_key).where(_holds_lease(lease_token)))
     return found.first() is not None
