@@ -1,7 +1,8 @@
 """The global capture activation row (`_emdash_media_usage_activation`), lease-guarded.
 
 Activation moves `expanded -> activating -> active`. While `activating`, one owner holds a
-300 s lease and converts one collection per step; every write re-asserts that lease.
+300 s lease and converts one collection per step; every write re-asserts that lease. Once
+`active`, the row also carries the turn of EmDash's scheduled lane.
 """
 
 from __future__ import annotations
