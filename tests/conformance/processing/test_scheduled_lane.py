@@ -4,6 +4,9 @@ when the request's query budget is spent, and each class's tick doing its own du
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from media_usage_orchestration.processing.deletion import DeletionTickOutcome
@@ -14,6 +17,7 @@ from media_usage_orchestration.processing.scheduled_lane import (
     TaskClass,
     run_scheduled_lane,
 )
+from media_usage_orchestration.store.activation import rotate_maintenance_turn
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
 from tests.support.deletions import tombstone, tombstone_row
@@ -38,6 +42,23 @@ def test_the_first_events_from_the_default_turn_run_entry_work_deletion_reconcil
     assert [result.outcome for result in results] == [LaneOutcome.PROCESSED] * 6
     assert [result.task_class for result in results] == SEQUENCE * 2
     assert [result.turn for result in results] == [0, 1, 2] * 2
+    assert stored_turn(activated) == 2
+
+
+def test_concurrent_lanes_each_take_a_turn_of_their_own(activated):
+    """Six lane events at once (EmDash's lane beside this one): the rotation is one statement,
+    so the turns they get are the next six of the rotation, each once."""
+    start = threading.Barrier(6)
+
+    def rotate() -> int | None:
+        start.wait(timeout=30)
+        with activated.engine.begin() as connection:
+            return rotate_maintenance_turn(connection)
+
+    with ThreadPoolExecutor(6) as pool:
+        turns = [future.result() for future in [pool.submit(rotate) for _ in range(6)]]
+
+    assert sorted(turns) == [0, 0, 1, 1, 2, 2]
     assert stored_turn(activated) == 2
 
 
