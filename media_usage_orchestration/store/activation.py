@@ -1,7 +1,8 @@
 """The global capture activation row (`_emdash_media_usage_activation`), lease-guarded.
 
 Activation moves `expanded -> activating -> active`. While `activating`, one owner holds a
-300 s lease and converts one collection per step; every write re-asserts that lease.
+300 s lease and converts one collection per step; every write re-asserts that lease. Once
+`active`, the row also carries the turn of EmDash's scheduled lane.
 """
 
 from __future__ import annotations
@@ -159,6 +160,23 @@ def claim_activation(connection: Connection) -> tuple[str, ActivationRow] | None
     if row is None:
         return None
     return token, record_from_row(ActivationRow, row)
+
+
+MAINTENANCE_TURNS = 3
+
+
+def rotate_maintenance_turn(connection: Connection) -> int | None:
+    """EmDash's lane turn: advance `media_usage_maintenance_turn` modulo 3 and return the new
+    turn, in one `UPDATE ... RETURNING`; None (nothing changed) unless capture is `active`.
+    The rotation and the state check are one statement, so two lanes never share a turn and
+    a lane never takes one while activation runs."""
+    turn = activation.c.media_usage_maintenance_turn
+    return connection.execute(
+        update(activation)
+        .where(activation.c.task_key == ACTIVATION_KEY, activation.c.state == "active")
+        .values(media_usage_maintenance_turn=(turn + 1) % MAINTENANCE_TURNS)
+        .returning(turn)
+    ).scalar_one_or_none()
 
 
 def lease_is_live(connection: Connection, lease_token: str) -> bool:
