@@ -267,6 +267,21 @@ class _EntryComparison:
 # --- one collection ---------------------------------------------------------------------------
 
 
+def discover_fields(
+    connection: Connection, collection_id: str, slug: str
+) -> FieldDiscovery | Difference:
+    """The collection's field discovery, or the difference saying why the work path cannot
+    discover its fields (and so fails every entry)."""
+    try:
+        return load_fields(connection, slug, collection_id)
+    except MediaUsageFieldDiscoveryError as error:
+        detail = f"{error.code}: {error}"
+    except InvalidIdentifierError as error:
+        # A registry or field row the CMS would refuse; the work path fails it the same way.
+        detail = f"{PROCESSING_FAILED_CODE}: {error}"
+    return Difference(DriftKind.FIELD_DISCOVERY_FAILED, slug, None, None, detail)
+
+
 class _CollectionCheck:
     """One collection: pages of entries, then sources whose entry is gone, then counts."""
 
@@ -282,15 +297,9 @@ class _CollectionCheck:
         self.differences.append(Difference(kind, self.slug, content_id, source_key, detail))
 
     def run(self) -> CollectionSummary:
-        try:
-            discovery = load_fields(self.connection, self.slug, self.collection_id)
-        except MediaUsageFieldDiscoveryError as error:
-            self.report(DriftKind.FIELD_DISCOVERY_FAILED, None, None, f"{error.code}: {error}")
-        except InvalidIdentifierError as error:
-            # A registry or field row the CMS would refuse; the work path fails it the same way.
-            self.report(
-                DriftKind.FIELD_DISCOVERY_FAILED, None, None, f"{PROCESSING_FAILED_CODE}: {error}"
-            )
+        discovery = discover_fields(self.connection, self.collection_id, self.slug)
+        if isinstance(discovery, Difference):
+            self.differences.append(discovery)
         else:
             for rows in self.entry_pages(discovery):
                 self.check_page(discovery, rows)
@@ -346,6 +355,7 @@ __all__ = [
     "DriftKind",
     "StoredIndex",
     "VerifyReport",
+    "discover_fields",
     "entry_differences",
     "read_stored_index",
     "verify_index",

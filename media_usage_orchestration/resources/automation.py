@@ -3,6 +3,8 @@
 import dagster as dg
 from pydantic import Field
 
+from media_usage_orchestration.processing.scrub import SLICE_ENTRIES, SLICE_SECONDS
+
 
 class MediaUsageAutomation(dg.ConfigurableResource):
     """How much work one automatically launched run takes on, and how many may overlap.
@@ -26,4 +28,16 @@ class MediaUsageAutomation(dg.ConfigurableResource):
     )
     work_batch_size: int = Field(
         default=25, ge=1, le=100, description="Work items claimed per statement."
+    )
+    scrub_slice_entries: int = Field(
+        default=SLICE_ENTRIES,
+        ge=1,
+        le=5000,
+        description="Entries the scrubber sensor compares with their content per tick.",
+    )
+    scrub_slice_seconds: float = Field(
+        default=SLICE_SECONDS,
+        gt=0,
+        le=30,
+        description="Time budget of one scrubber tick's comparison.",
     )
