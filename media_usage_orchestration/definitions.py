@@ -7,7 +7,6 @@ import dagster as dg
 from media_usage_orchestration import jobs, schedules, sensors
 from media_usage_orchestration.assets.coverage_history import with_coverage_history
 from media_usage_orchestration.assets.index import coverage_complete, media_usage_index
-from media_usage_orchestration.assets.index_drift import index_matches_content
 from media_usage_orchestration.assets.media_library import media_usage_media_library
 from media_usage_orchestration.assets.projection_cleanup import media_usage_projection_cleanup
 from media_usage_orchestration.ops.claim_io import claim_io_manager
@@ -27,7 +26,7 @@ def resolved(definitions: dg.Definitions) -> dg.Definitions:
 defs = resolved(
     dg.Definitions(
         assets=[media_usage_index, media_usage_projection_cleanup, media_usage_media_library],
-        asset_checks=[coverage_complete, index_matches_content],
+        asset_checks=[coverage_complete],
         jobs=[
             jobs.media_usage_work,
             jobs.media_usage_reconciliation,

@@ -1,27 +1,29 @@
-"""Drift in the UI: the check `index_matches_content` on the collection partitions of
-`media_usage_index`: does the collection's index equal what extraction computes from its
-content?
+"""Drift in the UI: the check `index_matches_content` of each collection's own asset
+`media_usage_coverage/<slug>` (`coverage_history.py`): does the collection's index equal what
+extraction computes from its content?
 
 The scrubber sensor (`sensors/scrubber.py`) evaluates it as it walks a collection, without a
 run: it fails on a tick that confirms a difference, naming the entries, the kinds of difference
 and what healing each did, and it is evaluated once more when a sweep of the collection ends,
 with the sweep's coverage (entries checked of the entries walked, entries skipped for open work)
 and its drift count, passing only when the sweep found none. Severity WARN while every confirmed
-difference had its work reopened, ERROR when one could not be. Executed by hand, the check runs
-`verify` over the collection.
+difference had its work reopened, ERROR when one could not be. Executed by hand, a check runs
+`verify` over its collection.
+
+On the collection's own (unpartitioned) asset rather than a partition of `media_usage_index`:
+Dagster 1.13 stores one runless evaluation per check and partition (its unique index on
+`asset_check_executions` spans the partition and an empty run id), so a partitioned check
+could be evaluated from a sensor only once.
 """
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 
-from media_usage_orchestration.assets.index import MEDIA_USAGE_INDEX
-from media_usage_orchestration.partitions import media_usage_collections
-from media_usage_orchestration.previews import PARTITIONED_ASSET_CHECK, accepting
 from media_usage_orchestration.processing.scrub import Heal, ScrubPosition, ScrubTick
 from media_usage_orchestration.processing.verify import Difference, verify_index
 from media_usage_orchestration.resources.database import MediaUsageDatabase
@@ -82,9 +84,12 @@ def _description(slug: str, position: ScrubPosition, differences: Sequence[Diffe
 
 
 def scrub_check_evaluation(
-    tick: ScrubTick, target: AssetCheckEvaluationTargetMaterializationData | None = None
+    tick: ScrubTick,
+    asset_key: dg.AssetKey,
+    target: AssetCheckEvaluationTargetMaterializationData | None = None,
 ) -> dg.AssetCheckEvaluation:
-    """The evaluation of a tick that has findings (confirmed differences, a finished sweep)."""
+    """The evaluation of a tick that has findings (confirmed differences, a finished sweep),
+    for the check of the collection's asset `asset_key`."""
     report = tick.slice
     if report is None or not tick.has_findings:
         raise ValueError("a scrubber tick without findings has no check evaluation")
@@ -102,24 +107,23 @@ def scrub_check_evaluation(
         )
     all_reopened = position.healed == position.differences
     return dg.AssetCheckEvaluation(
-        asset_key=MEDIA_USAGE_INDEX,
+        asset_key=asset_key,
         check_name=INDEX_MATCHES_CONTENT,
         passed=position.differences == 0,
         severity=dg.AssetCheckSeverity.WARN if all_reopened else dg.AssetCheckSeverity.ERROR,
         description=_description(report.collection.slug, position, report.confirmed),
         metadata=metadata,
-        partition=report.collection.slug,
         target_materialization_data=target,
     )
 
 
 def latest_materialization(
-    instance: dg.DagsterInstance, slug: str
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey
 ) -> AssetCheckEvaluationTargetMaterializationData | None:
-    """The partition's latest materialization, as an evaluation's target: Dagster shows a
-    partition's check result only while it targets the partition's latest materialization."""
+    """The asset's latest materialization, as an evaluation's target: the UI relates a check's
+    result to the materialization it evaluated."""
     records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=MEDIA_USAGE_INDEX, asset_partitions=[slug]), limit=1
+        dg.AssetRecordsFilter(asset_key=asset_key), limit=1
     ).records
     if not records:
         return None
@@ -130,13 +134,15 @@ def latest_materialization(
     )
 
 
-def _index_matches_content(
-    context: dg.AssetCheckExecutionContext, database: MediaUsageDatabase
-) -> dg.AssetCheckResult:
-    slug = context.partition_key
-    report = verify_index(database.engine, [slug])
+# --- executed by hand -------------------------------------------------------------------------
+
+
+def _verified(engine, slug: str, check_key: dg.AssetCheckKey) -> dg.AssetCheckResult:
+    report = verify_index(engine, [slug])
     if not report.collections:
         return dg.AssetCheckResult(
+            asset_key=check_key.asset_key,
+            check_name=check_key.name,
             passed=False,
             severity=dg.AssetCheckSeverity.ERROR,
             description=f"no captured collection {slug!r}",
@@ -153,6 +159,8 @@ def _index_matches_content(
         metadata["differences"] = dg.MetadataValue.md(_differences_table(report.differences))
     found = f"{len(report.differences)} difference(s)" if report.has_drift else "no drift"
     return dg.AssetCheckResult(
+        asset_key=check_key.asset_key,
+        check_name=check_key.name,
         passed=not report.has_drift,
         severity=dg.AssetCheckSeverity.ERROR,
         description=f"{slug}: verify over {summary.entry_count} entries, {found} "
@@ -161,22 +169,38 @@ def _index_matches_content(
     )
 
 
-with accepting(PARTITIONED_ASSET_CHECK):
-    index_matches_content = dg.asset_check(
-        asset=MEDIA_USAGE_INDEX,
-        name=INDEX_MATCHES_CONTENT,
-        partitions_def=media_usage_collections,
-        description="Does the collection's index equal what extraction computes from its "
-        "content? The scrubber sensor evaluates it without a run: failing on each confirmed "
-        "difference (entries, kinds, heals), and at the end of every sweep of the collection "
-        "with the sweep's coverage (entries_checked of entries_total) and drift count. "
-        "Executing it runs `verify` over the collection.",
-    )(_index_matches_content)
+def index_drift_checks(assets: Mapping[str, dg.AssetKey]) -> list[dg.AssetChecksDefinition]:
+    """The `index_matches_content` check of each collection's asset (slug -> asset key), in
+    one definition whose checks execute one by one; none without collections."""
+    if not assets:
+        return []
+    slug_of = {key: slug for slug, key in assets.items()}
+    specs = [
+        dg.AssetCheckSpec(
+            INDEX_MATCHES_CONTENT,
+            asset=key,
+            description=f"Does {slug}'s media usage index equal what extraction computes from "
+            "its content? The scrubber sensor evaluates it without a run: failing on each "
+            "confirmed difference (entries, kinds, heals), and at the end of every sweep of the "
+            "collection with the sweep's coverage (entries_checked of entries_total) and drift "
+            "count. Executing it runs `verify` over the collection.",
+        )
+        for slug, key in sorted(assets.items())
+    ]
+
+    @dg.multi_asset_check(specs=specs, can_subset=True, name="media_usage_index_matches_content")
+    def index_matches_content(
+        context: dg.AssetCheckExecutionContext, database: MediaUsageDatabase
+    ) -> Iterator[dg.AssetCheckResult]:
+        for check_key in sorted(context.selected_asset_check_keys, key=str):
+            yield _verified(database.engine, slug_of[check_key.asset_key], check_key)
+
+    return [index_matches_content]
 
 
 __all__ = [
     "INDEX_MATCHES_CONTENT",
-    "index_matches_content",
+    "index_drift_checks",
     "latest_materialization",
     "scrub_check_evaluation",
 ]

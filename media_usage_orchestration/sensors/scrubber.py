@@ -2,7 +2,7 @@
 per tick (`processing/scrub.py`), healing confirmed drift through the operator's work retry.
 
 It launches no runs: what it finds is the `index_matches_content` check of the collection's
-partition (`assets/index_drift.py`), evaluated from the tick; the work it reopens is run by the
+asset `media_usage_coverage/<slug>` (`assets/index_drift.py`), evaluated from the tick; the work it reopens is run by the
 work sensor. Its cursor is the scrubber's position (JSON): the collection, the last entry
 compared, when the sweep started, and the sweep's counts so far."""
 
@@ -10,6 +10,7 @@ import functools
 
 import dagster as dg
 
+from media_usage_orchestration.assets.coverage_history import coverage_history_key
 from media_usage_orchestration.assets.index_drift import (
     latest_materialization,
     scrub_check_evaluation,
@@ -69,8 +70,9 @@ def media_usage_scrubber_sensor(
         return tick
     events = []
     if tick.has_findings:
-        target = latest_materialization(context.instance, tick.slice.collection.slug)
-        events.append(scrub_check_evaluation(tick, target))
+        asset_key = coverage_history_key(tick.slice.collection.slug)
+        target = latest_materialization(context.instance, asset_key)
+        events.append(scrub_check_evaluation(tick, asset_key, target))
     return dg.SensorResult(
         skip_reason=dg.SkipReason(_summary(tick)),
         cursor=tick.position.to_cursor(),
