@@ -60,6 +60,8 @@ SENSORS = {
     "media_usage_collection_deletion_sensor": ("media_usage_collection_deletion", 30),
     "media_usage_projection_gc_sensor": ("media_usage_projection_gc", 60),
     "media_usage_reconciliation_sensor": ("media_usage_reconciliation", 30),
+    # Launches no runs: it reports check evaluations and reopens work the work sensor runs.
+    "media_usage_scrubber_sensor": (None, 30),
     "media_usage_work_sensor": ("media_usage_work", 15),
 }
 SCHEDULES = {
@@ -130,7 +132,8 @@ def test_the_reconciliation_graph_hands_the_claim_through_named_outputs():
 
 def test_sensor_schedule_resource_and_partition_names():
     assert {
-        sensor.name: (sensor.job_name, sensor.minimum_interval_seconds) for sensor in defs.sensors
+        sensor.name: (sensor.job_name if sensor.targets else None, sensor.minimum_interval_seconds)
+        for sensor in defs.sensors
     } == SENSORS
     assert {
         schedule.name: (schedule.job_name, schedule.cron_schedule, schedule.execution_timezone)
