@@ -14,6 +14,7 @@ Pending work is reported alongside: while it exists, differences are expected.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -127,9 +128,14 @@ class StoredIndex:
     revisions: Mapping[str, dict[str, Any]]
 
     def sources_of(self, content_id: str) -> dict[str, SourceRow]:
-        return {
-            key: source for key, source in self.sources.items() if source.content_id == content_id
-        }
+        return dict(self._sources_by_entry.get(content_id, {}))
+
+    @functools.cached_property
+    def _sources_by_entry(self) -> dict[str | None, dict[str, SourceRow]]:
+        by_entry: dict[str | None, dict[str, SourceRow]] = {}
+        for key, source in self.sources.items():
+            by_entry.setdefault(source.content_id, {})[key] = source
+        return by_entry
 
     def revision_of(self, row: Mapping[str, Any]) -> dict[str, Any] | None:
         return self.revisions.get(row.get("draft_revision_id") or "")
