@@ -276,11 +276,16 @@ def scrub_slice(
         report.entries_checked += 1
         if entry_differences(collection.id, collection.slug, discovery, row, stored):
             _confirm_and_heal(engine, report, discovery, row)
-    # Every gone entry of the slice's range, even when the budget ended the walk early: ids
-    # are only ever compared in SQL (the database's collation orders them). One handled again
-    # by the next slice has open work by then, or no sources left.
+    # The gone entries of the slice's whole range, even when the budget ended the walk early:
+    # ids are only ever compared in SQL (in the database's collation). One handled again by the
+    # next slice has open work by then, or no sources left. At least one a tick, more while the
+    # budget lasts; those left over come up again in the next sweep.
+    handled = 0
     for content_id in read.gone:
+        if handled and budget.exhausted():
+            break
         if content_id not in read.open_work:
+            handled += 1
             _confirm_and_heal_gone(engine, report, content_id)
     return report
 
