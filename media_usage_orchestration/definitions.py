@@ -49,6 +49,7 @@ defs = resolved(
             sensors.media_usage_collection_deletion_sensor,
             sensors.media_usage_projection_gc_sensor,
             sensors.media_usage_alert_sensor,
+            sensors.media_usage_scrubber_sensor,
         ],
         schedules=[schedules.media_usage_maintenance_schedule],
         resources={

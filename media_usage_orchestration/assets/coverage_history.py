@@ -19,6 +19,7 @@ from dagster._core.definitions.definitions_load_context import (
     DefinitionsLoadType,
 )
 
+from media_usage_orchestration.assets.index_drift import index_drift_checks
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.registry import read_live_collection_slugs_at
 from media_usage_orchestration.values.errors import RegistryUnreadable
@@ -67,6 +68,10 @@ def coverage_history_slugs(database: MediaUsageDatabase) -> list[str]:
 
 
 def with_coverage_history(base: dg.Definitions, database: MediaUsageDatabase) -> dg.Definitions:
-    """`base` with one coverage history asset per collection, the slugs kept for workers."""
-    specs = coverage_history_specs(coverage_history_slugs(database))
-    return dg.Definitions.merge(base, dg.Definitions(assets=specs))
+    """`base` with one coverage history asset per collection, each with its
+    `index_matches_content` check (`index_drift.py`), the slugs kept for workers."""
+    slugs = coverage_history_slugs(database)
+    checks = index_drift_checks({slug: coverage_history_key(slug) for slug in slugs})
+    return dg.Definitions.merge(
+        base, dg.Definitions(assets=coverage_history_specs(slugs), asset_checks=checks)
+    )

@@ -21,6 +21,7 @@ from media_usage_orchestration.bench.measure import (
     run_work,
 )
 from media_usage_orchestration.bench.report import print_phases, print_result
+from media_usage_orchestration.bench.scrub import run_scrub
 from media_usage_orchestration.bench.tick import run_tick
 from media_usage_orchestration.store.core.engine import redacted_url
 
@@ -43,7 +44,7 @@ def _refuse_bad_combinations(
         raise click.UsageError(
             "--workers measures the driver's drain beside work-run processes; use --mode driver"
         )
-    if workload == "tick" or (workload == "work" and work_path == "tick"):
+    if workload in ("tick", "scrub") or (workload == "work" and work_path == "tick"):
         raise click.UsageError("--workers drains with the batch path (reconcile or work)")
 
 
@@ -57,6 +58,8 @@ def _measure(
             return run_reconcile(measured)
         if workload == "work":
             return run_work(measured, path)
+        if workload == "scrub":
+            return run_scrub(url, job.entries)
         return run_tick(url, job.entries)
 
 
@@ -79,10 +82,11 @@ def _measure(
 )
 @click.option(
     "--workload",
-    type=click.Choice(["reconcile", "work", "tick"]),
+    type=click.Choice(["reconcile", "work", "tick", "scrub"]),
     default="reconcile",
     show_default=True,
-    help="tick: time the work sensor over --entries generated work rows.",
+    help="tick: time the work sensor over --entries generated work rows; scrub: time the "
+    "scrubber's slices over --entries reconciled entries.",
 )
 @click.option(
     "--path",
@@ -121,6 +125,16 @@ def bench(
     """Measure reconciliation (or work processing, or a sensor tick) on a fresh database."""
     _refuse_bad_combinations(database_url, mode, workload, work_path, workers)
     job = Workload("", entries, mode, workers, profile_path)
+    if workload == "scrub":
+        record = _measure(database_url, keep, workload, job, work_path)
+        console.print(
+            f"scrubber over {record['entries']:,} entries ({record['dialect']}): "
+            f"{record['entries_per_second']:,} entries/s, a {record['slice_entries']}-entry "
+            f"slice {record['slice_ms']} ms (max {record['slice_max_ms']}); a sweep of 100,000 "
+            f"entries takes {record['sweep_hours_per_100k']} h"
+        )
+        click.echo(json.dumps(record))
+        return
     if workload == "tick":
         record = _measure(database_url, keep, workload, job, work_path)
         console.print(

@@ -223,6 +223,12 @@ def retry_work_item(engine: Engine, collection: str, content_id: str) -> RetryRe
     return _retry_work(WorkRepository(engine), collection_id, content_id)
 
 
+def retry_entry_work(engine: Engine, collection_id: str, content_id: str) -> RetryReport:
+    """`retry_work_item` for a collection named by its exact registry id (a caller that read
+    the id holds it, and a collection replaced under the same slug since is not this one)."""
+    return _retry_work(WorkRepository(engine), collection_id, _text(content_id, "content ID"))
+
+
 def _retry_work(repository: WorkRepository, collection_id: str, content_id: str) -> RetryReport:
     result = repository.retry_operator_work(collection_id, content_id)
     return RetryReport(
@@ -325,6 +331,7 @@ __all__ = [
     "list_work",
     "registered_collection_id",
     "retry_deletion",
+    "retry_entry_work",
     "retry_failed_work",
     "retry_reconciliation",
     "retry_work_item",

@@ -14,6 +14,7 @@ Pending work is reported alongside: while it exists, differences are expected.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,90 +114,84 @@ def _occurrence_values(row: Mapping[str, Any]) -> tuple:
     return tuple(row[name] for name in OCCURRENCE_COLUMNS)
 
 
-class _CollectionCheck:
-    """One collection: pages of entries, then sources whose entry is gone, then counts."""
+# --- one entry: what verify and the scrubber both compare -------------------------------------
 
-    def __init__(self, connection: Connection, collection_id: str, slug: str) -> None:
-        self.connection = connection
+
+@dataclass(frozen=True)
+class StoredIndex:
+    """What the index holds for some entries of one collection: their canonical sources (by
+    key), the occurrences of those sources' current generations (by key), and the entries'
+    draft revisions (by id)."""
+
+    sources: Mapping[str, SourceRow]
+    occurrences: Mapping[str, Counter]
+    revisions: Mapping[str, dict[str, Any]]
+
+    def sources_of(self, content_id: str) -> dict[str, SourceRow]:
+        return dict(self._sources_by_entry.get(content_id, {}))
+
+    @functools.cached_property
+    def _sources_by_entry(self) -> dict[str | None, dict[str, SourceRow]]:
+        by_entry: dict[str | None, dict[str, SourceRow]] = {}
+        for key, source in self.sources.items():
+            by_entry.setdefault(source.content_id, {})[key] = source
+        return by_entry
+
+    def revision_of(self, row: Mapping[str, Any]) -> dict[str, Any] | None:
+        return self.revisions.get(row.get("draft_revision_id") or "")
+
+
+def read_stored_index(
+    connection: Connection, collection_id: str, rows: Sequence[Mapping[str, Any]]
+) -> StoredIndex:
+    """The stored index of these content rows, read in the caller's transaction."""
+    content_ids = [row["id"] for row in rows]
+    stored = audit.canonical_source_rows(connection, collection_id, content_ids)
+    items: dict[str, Counter] = {}
+    for row in audit.current_occurrence_rows(
+        connection, collection_id, content_ids, OCCURRENCE_COLUMNS
+    ):
+        items.setdefault(row["source_key"], Counter())[_occurrence_values(row)] += 1
+    revision_ids = sorted(
+        {row["draft_revision_id"] for row in rows if row.get("draft_revision_id")}
+    )
+    revisions = audit.revisions_by_id(connection, revision_ids) if revision_ids else {}
+    return StoredIndex(
+        {row["source_key"]: SourceRow.from_row(row) for row in stored}, items, revisions
+    )
+
+
+def entry_differences(
+    collection_id: str,
+    slug: str,
+    discovery: FieldDiscovery,
+    row: Mapping[str, Any],
+    stored: StoredIndex,
+) -> list[Difference]:
+    """How one entry's stored index differs from what extraction computes from its row."""
+    comparison = _EntryComparison(collection_id, slug)
+    comparison.run(discovery, row, stored)
+    return comparison.differences
+
+
+class _EntryComparison:
+    def __init__(self, collection_id: str, slug: str) -> None:
         self.collection_id = collection_id
         self.slug = slug
         self.differences: list[Difference] = []
-        self.entry_count = 0
-        self.source_count = 0
 
     def report(self, kind: DriftKind, content_id, source_key, detail: str) -> None:
         self.differences.append(Difference(kind, self.slug, content_id, source_key, detail))
 
-    def run(self) -> CollectionSummary:
-        try:
-            discovery = load_fields(self.connection, self.slug, self.collection_id)
-        except MediaUsageFieldDiscoveryError as error:
-            self.report(DriftKind.FIELD_DISCOVERY_FAILED, None, None, f"{error.code}: {error}")
-        except InvalidIdentifierError as error:
-            # A registry or field row the CMS would refuse; the work path fails it the same way.
-            self.report(
-                DriftKind.FIELD_DISCOVERY_FAILED, None, None, f"{PROCESSING_FAILED_CODE}: {error}"
-            )
-        else:
-            for rows in self.entry_pages(discovery):
-                self.check_page(discovery, rows)
-            self.check_sources_without_entry()
-        return CollectionSummary(
-            self.collection_id,
-            self.slug,
-            self.entry_count,
-            self.source_count,
-            self.abandoned_occurrence_count(),
-            self.pending_work_count(),
-        )
-
-    # -- reads ---------------------------------------------------------------------------------
-
-    def entry_pages(self, discovery: FieldDiscovery) -> Iterator[list[dict[str, Any]]]:
-        query, content = content_rows_query(self.slug, self.collection_id, discovery)
-        return audit.row_pages(self.connection, query, content.c.id, ENTRY_PAGE_SIZE)
-
-    def revisions_of(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-        ids = sorted({row["draft_revision_id"] for row in rows if row.get("draft_revision_id")})
-        if not ids:
-            return {}
-        return audit.revisions_by_id(self.connection, ids)
-
-    def stored_sources(self, content_ids: Sequence[str]) -> dict[str, SourceRow]:
-        rows = audit.canonical_source_rows(self.connection, self.collection_id, content_ids)
-        return {row["source_key"]: SourceRow.from_row(row) for row in rows}
-
-    def stored_occurrences(self, content_ids: Sequence[str]) -> dict[str, Counter]:
-        rows = audit.current_occurrence_rows(
-            self.connection, self.collection_id, content_ids, OCCURRENCE_COLUMNS
-        )
-        found: dict[str, Counter] = {}
-        for row in rows:
-            found.setdefault(row["source_key"], Counter())[_occurrence_values(row)] += 1
-        return found
-
-    # -- comparison ----------------------------------------------------------------------------
-
-    def check_page(self, discovery: FieldDiscovery, rows: list[dict[str, Any]]) -> None:
-        content_ids = [row["id"] for row in rows]
-        revisions_by_id = self.revisions_of(rows)
-        stored = self.stored_sources(content_ids)
-        stored_items = self.stored_occurrences(content_ids)
-        self.entry_count += len(rows)
-        self.source_count += len(stored)
-        for row in rows:
-            revision = revisions_by_id.get(row.get("draft_revision_id") or "")
-            result = self.snapshots_of(discovery, row, revision)
-            if result is None:
-                continue
-            entry_sources = {
-                key: source for key, source in stored.items() if source.content_id == row["id"]
-            }
-            if not result.success:
-                # Durable work cannot project this entry at all; its stored sources are moot.
-                self.report(DriftKind.SNAPSHOT_FAILED, row["id"], None, str(result.error))
-                continue
-            self.check_entry(row["id"], result.snapshots, entry_sources, stored_items)
+    def run(self, discovery: FieldDiscovery, row: Mapping[str, Any], stored: StoredIndex) -> None:
+        result = self.snapshots_of(discovery, row, stored.revision_of(row))
+        if result is None:
+            return
+        if not result.success:
+            # Durable work cannot project this entry at all; its stored sources are moot.
+            self.report(DriftKind.SNAPSHOT_FAILED, row["id"], None, str(result.error))
+            return
+        self.check_entry(row["id"], result.snapshots, stored.sources_of(row["id"]), stored)
 
     def snapshots_of(
         self, discovery: FieldDiscovery, row: Mapping[str, Any], revision
@@ -214,17 +209,17 @@ class _CollectionCheck:
         self,
         content_id: str,
         snapshots: Sequence[ContentSource],
-        stored: Mapping[str, SourceRow],
-        stored_items: Mapping[str, Counter],
+        entry_sources: Mapping[str, SourceRow],
+        stored: StoredIndex,
     ) -> None:
         expected = {snapshot.source_key: snapshot for snapshot in snapshots}
         for key, snapshot in expected.items():
-            if key not in stored:
+            if key not in entry_sources:
                 self.report(DriftKind.MISSING_SOURCE, content_id, key, "no stored source")
                 continue
-            self.check_source(snapshot, stored[key])
-            self.check_occurrences(snapshot, stored_items.get(key, Counter()))
-        for key in stored.keys() - expected.keys():
+            self.check_source(snapshot, entry_sources[key])
+            self.check_occurrences(snapshot, stored.occurrences.get(key, Counter()))
+        for key in entry_sources.keys() - expected.keys():
             self.report(
                 DriftKind.UNEXPECTED_SOURCE, content_id, key, "the entry no longer produces it"
             )
@@ -274,6 +269,69 @@ class _CollectionCheck:
                 _describe_occurrence(values),
             )
 
+
+# --- one collection ---------------------------------------------------------------------------
+
+
+def discover_fields(
+    connection: Connection, collection_id: str, slug: str
+) -> FieldDiscovery | Difference:
+    """The collection's field discovery, or the difference saying why the work path cannot
+    discover its fields (and so fails every entry)."""
+    try:
+        return load_fields(connection, slug, collection_id)
+    except MediaUsageFieldDiscoveryError as error:
+        detail = f"{error.code}: {error}"
+    except InvalidIdentifierError as error:
+        # A registry or field row the CMS would refuse; the work path fails it the same way.
+        detail = f"{PROCESSING_FAILED_CODE}: {error}"
+    return Difference(DriftKind.FIELD_DISCOVERY_FAILED, slug, None, None, detail)
+
+
+class _CollectionCheck:
+    """One collection: pages of entries, then sources whose entry is gone, then counts."""
+
+    def __init__(self, connection: Connection, collection_id: str, slug: str) -> None:
+        self.connection = connection
+        self.collection_id = collection_id
+        self.slug = slug
+        self.differences: list[Difference] = []
+        self.entry_count = 0
+        self.source_count = 0
+
+    def report(self, kind: DriftKind, content_id, source_key, detail: str) -> None:
+        self.differences.append(Difference(kind, self.slug, content_id, source_key, detail))
+
+    def run(self) -> CollectionSummary:
+        discovery = discover_fields(self.connection, self.collection_id, self.slug)
+        if isinstance(discovery, Difference):
+            self.differences.append(discovery)
+        else:
+            for rows in self.entry_pages(discovery):
+                self.check_page(discovery, rows)
+            self.check_sources_without_entry()
+        return CollectionSummary(
+            self.collection_id,
+            self.slug,
+            self.entry_count,
+            self.source_count,
+            self.abandoned_occurrence_count(),
+            self.pending_work_count(),
+        )
+
+    def entry_pages(self, discovery: FieldDiscovery) -> Iterator[list[dict[str, Any]]]:
+        query, content = content_rows_query(self.slug, self.collection_id, discovery)
+        return audit.row_pages(self.connection, query, content.c.id, ENTRY_PAGE_SIZE)
+
+    def check_page(self, discovery: FieldDiscovery, rows: list[dict[str, Any]]) -> None:
+        stored = read_stored_index(self.connection, self.collection_id, rows)
+        self.entry_count += len(rows)
+        self.source_count += len(stored.sources)
+        for row in rows:
+            self.differences.extend(
+                entry_differences(self.collection_id, self.slug, discovery, row, stored)
+            )
+
     def check_sources_without_entry(self) -> None:
         gone = audit.canonical_sources_without_entry(self.connection, self.collection_id, self.slug)
         for source_key, content_id in gone:
@@ -301,6 +359,10 @@ __all__ = [
     "CollectionSummary",
     "Difference",
     "DriftKind",
+    "StoredIndex",
     "VerifyReport",
+    "discover_fields",
+    "entry_differences",
+    "read_stored_index",
     "verify_index",
 ]

@@ -5,6 +5,7 @@ import os
 import dagster as dg
 from pydantic import Field
 
+from media_usage_orchestration.processing.scrub import SLICE_ENTRIES, SLICE_SECONDS
 from media_usage_orchestration.values.errors import InvalidSettingError
 
 # How long a drained work run waits for more work, for a whole deployment (the automation
@@ -44,6 +45,18 @@ class MediaUsageAutomation(dg.ConfigurableResource):
     )
     work_batch_size: int = Field(
         default=25, ge=1, le=100, description="Work items claimed per statement."
+    )
+    scrub_slice_entries: int = Field(
+        default=SLICE_ENTRIES,
+        ge=1,
+        le=5000,
+        description="Entries the scrubber sensor compares with their content per tick.",
+    )
+    scrub_slice_seconds: float = Field(
+        default=SLICE_SECONDS,
+        gt=0,
+        le=30,
+        description="Time budget of one scrubber tick's comparison.",
     )
 
 

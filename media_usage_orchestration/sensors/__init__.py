@@ -12,6 +12,7 @@ from media_usage_orchestration.sensors.alerts import media_usage_alert_sensor
 from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
 from media_usage_orchestration.sensors.projection_gc import media_usage_projection_gc_sensor
 from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
+from media_usage_orchestration.sensors.scrubber import media_usage_scrubber_sensor
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "media_usage_collection_deletion_sensor",
     "media_usage_projection_gc_sensor",
     "media_usage_reconciliation_sensor",
+    "media_usage_scrubber_sensor",
     "media_usage_work_sensor",
 ]

@@ -1,5 +1,5 @@
-"""Reads that check the index against the content: the verify oracle's pages, sources,
-occurrences and counts, and the demo's end-state checks.
+"""Reads that check the index against the content: the verify oracle's and the scrubber's
+pages, sources, occurrences, counts and work states, and the demo's end-state checks.
 
 Read-only; each function runs inside the caller's (snapshot) transaction.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -25,7 +26,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
+from media_usage_orchestration.store.core.clock import now
 from media_usage_orchestration.store.core.engine import is_postgres, read_transaction
+from media_usage_orchestration.store.core.leases import LeaseState
 from media_usage_orchestration.store.core.predicates import is_content_collection_status
 from media_usage_orchestration.store.core.schema import (
     collection_deletions,
@@ -44,6 +47,8 @@ from media_usage_orchestration.values.source_records import (
     SOURCE_TYPE_CONTENT,
 )
 
+OPEN_WORK_STATES = (LeaseState.PENDING.value, LeaseState.LEASED.value, LeaseState.RETRY.value)
+
 
 @contextlib.contextmanager
 def snapshot_read_transaction(engine: Engine) -> Iterator[Connection]:
@@ -60,13 +65,10 @@ def snapshot_read_transaction(engine: Engine) -> Iterator[Connection]:
             yield connection
 
 
-def captured_collections(
-    connection: Connection, slugs: Sequence[str] | None
-) -> list[RegisteredCollection]:
-    """Registry collections whose status row of the same identity has capture `active` (only
-    those of `slugs`, when given), by slug."""
-    statement = (
-        select(collections.c.id, collections.c.slug)
+def _captured(*columns: ColumnElement) -> Select:
+    """Registry collections whose status row of the same identity has capture `active`."""
+    return (
+        select(collections.c.id, collections.c.slug, *columns)
         .join(
             index_status,
             and_(
@@ -77,9 +79,46 @@ def captured_collections(
         .where(is_content_collection_status(), index_status.c.capture_state == "active")
         .order_by(collections.c.slug)
     )
+
+
+def captured_collections(
+    connection: Connection, slugs: Sequence[str] | None
+) -> list[RegisteredCollection]:
+    """Registry collections whose status row of the same identity has capture `active` (only
+    those of `slugs`, when given), by slug."""
+    statement = _captured()
     if slugs:
         statement = statement.where(collections.c.slug.in_(list(slugs)))
     return [RegisteredCollection(row.id, row.slug) for row in connection.execute(statement)]
+
+
+@dataclass(frozen=True)
+class CapturedCoverage:
+    """A captured collection and the fields of its status row that say whether its coverage is
+    complete and trusted."""
+
+    collection_id: str
+    collection_slug: str
+    status: str | None
+    schema_version: int | None
+    reconciliation_required: bool
+
+
+def captured_coverage(connection: Connection) -> list[CapturedCoverage]:
+    """Every captured collection (as `captured_collections`) with its coverage fields, by slug."""
+    statement = _captured(
+        index_status.c.status, index_status.c.schema_version, index_status.c.reconciliation_required
+    )
+    return [
+        CapturedCoverage(
+            row.id,
+            row.slug,
+            row.status,
+            None if row.schema_version is None else int(row.schema_version),
+            bool(row.reconciliation_required),
+        )
+        for row in connection.execute(statement)
+    ]
 
 
 def row_pages(
@@ -87,15 +126,20 @@ def row_pages(
 ) -> Iterator[list[dict[str, Any]]]:
     """The rows of `query` in pages of `page_size`, in order of its unique column `key`."""
     cursor = None
-    while True:
-        page = query.order_by(key).limit(page_size)
-        if cursor is not None:
-            page = page.where(key > cursor)
-        rows = [dict(row._mapping) for row in connection.execute(page)]
-        if not rows:
-            return
+    while rows := rows_after(connection, query, key, cursor, page_size):
         yield rows
         cursor = rows[-1][key.name]
+
+
+def rows_after(
+    connection: Connection, query: Select, key: ColumnElement, after: Any, limit: int
+) -> list[dict[str, Any]]:
+    """At most `limit` rows of `query` whose unique column `key` is past `after` (from the
+    first without one), in order of `key`."""
+    page = query.order_by(key).limit(limit)
+    if after is not None:
+        page = page.where(key > after)
+    return [dict(row._mapping) for row in connection.execute(page)]
 
 
 def revisions_by_id(connection: Connection, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -146,9 +190,14 @@ def current_occurrence_rows(
 
 
 def canonical_sources_without_entry(
-    connection: Connection, collection_id: str, collection_slug: str
+    connection: Connection,
+    collection_id: str,
+    collection_slug: str,
+    after: str | None = None,
+    through: str | None = None,
 ) -> list[tuple[str, str]]:
-    """(source_key, content_id) of canonical sources whose entry is gone, by source key."""
+    """(source_key, content_id) of canonical sources whose entry is gone, by source key; only
+    those whose content id is past `after` and at most `through`, when given."""
     content = table(content_table_name(collection_slug), column("id")).alias("content")
     statement = (
         select(sources.c.source_key, sources.c.content_id)
@@ -160,6 +209,10 @@ def canonical_sources_without_entry(
         )
         .order_by(sources.c.source_key)
     )
+    if after is not None:
+        statement = statement.where(sources.c.content_id > after)
+    if through is not None:
+        statement = statement.where(sources.c.content_id <= through)
     return [(row.source_key, row.content_id) for row in connection.execute(statement)]
 
 
@@ -197,6 +250,25 @@ def work_count(connection: Connection, collection_id: str | None = None) -> int:
     if collection_id is not None:
         statement = statement.where(work.c.collection_id == collection_id)
     return connection.execute(statement).scalar_one()
+
+
+def entries_with_open_work(
+    connection: Connection, collection_id: str, content_ids: Sequence[str]
+) -> set[str]:
+    """Those of `content_ids` whose work row is pending, leased or retrying: an edit (or a
+    retry) the work path has not finished, so their index may lag behind on purpose."""
+    if not content_ids:
+        return set()
+    statement = select(work.c.content_id).where(
+        work.c.collection_id == collection_id,
+        work.c.content_id.in_(list(content_ids)),
+        work.c.state.in_(OPEN_WORK_STATES),
+    )
+    return set(connection.execute(statement).scalars())
+
+
+def database_now(connection: Connection) -> str:
+    return connection.execute(select(now())).scalar_one()
 
 
 # --- the demo's end-state checks ---------------------------------------------------------------

@@ -138,6 +138,17 @@ def test_the_tick_bench_times_the_work_sensor_over_generated_rows(server):
     assert 0 < report["tick_ms"] <= report["tick_max_ms"]
 
 
+def test_the_scrub_bench_times_the_scrubbers_slices_over_reconciled_entries(server):
+    result = invoke("--workload", "scrub", "--entries", "40", *server)
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (report["workload"], report["entries"], report["differences"]) == ("scrub", 40, 0)
+    assert 0 < report["slice_ms"] <= report["slice_max_ms"]
+    assert report["entries_per_second"] > 0
+    assert report["sweep_hours_per_100k"] > 0
+
+
 # --- the pieces -----------------------------------------------------------------------------
 
 

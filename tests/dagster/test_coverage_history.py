@@ -20,11 +20,14 @@ from media_usage_orchestration.assets.coverage_history import (
     coverage_history_key,
 )
 from media_usage_orchestration.assets.index import MEDIA_USAGE_INDEX
+from media_usage_orchestration.assets.index_drift import INDEX_MATCHES_CONTENT
 from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from media_usage_orchestration.store.deletions import DeletionRepository
 from media_usage_orchestration.store.registry import read_live_collection_slugs_at
 from media_usage_orchestration.values.errors import RegistryUnreadable
+from tests.support.projection import canonical_key, processed_collection
 from tests.support.reconciliation_runs import (
     PARTITIONS,
     activate_with_job,
@@ -80,6 +83,29 @@ def test_the_location_declares_one_asset_per_live_collection(db, monkeypatch):
     assert {job.name for job in repository.get_all_jobs()} >= {
         job.name for job in defs.resolve_all_job_defs()
     }
+
+
+def test_each_collection_asset_has_an_index_check_that_runs_verify(db, monkeypatch):
+    articles = processed_collection(db.engine)
+    with db.engine.begin() as connection:
+        lost = connection.execute(
+            schema.occurrences.delete().where(
+                schema.occurrences.c.source_key == canonical_key(articles, "art-e00001")
+            )
+        ).rowcount
+    repository = _load(monkeypatch, db.url)
+    check = dg.AssetCheckKey(coverage_history_key("articles"), INDEX_MATCHES_CONTENT)
+    assert check in repository.asset_graph.asset_check_keys
+
+    job = repository.get_implicit_global_asset_job_def()
+    subset = job.get_subset(asset_check_selection={check}, asset_selection=set())
+    result = subset.execute_in_process(resources=resources(db), raise_on_error=False)
+
+    [evaluation] = result.get_asset_check_evaluations()
+    assert (evaluation.asset_check_key, evaluation.passed) == (check, False)
+    found = plain(evaluation.metadata)
+    assert (found["entries_checked"], found["drift_found"]) == (8, lost)
+    assert "art-e00001" in found["differences"] and "missing_occurrence" in found["differences"]
 
 
 def test_without_a_schema_the_location_loads_the_base_definitions(empty_db, monkeypatch):

@@ -64,6 +64,8 @@ SENSORS = {
     "media_usage_projection_gc_sensor": ("media_usage_projection_gc", 60),
     "media_usage_reconciliation_sensor": ("media_usage_reconciliation", 30),
     "media_usage_work_sensor": ("media_usage_work", 3),
+    # Launches no runs: it reports check evaluations and reopens work the work sensor runs.
+    "media_usage_scrubber_sensor": (None, 30),
 }
 SCHEDULES = {
     "media_usage_maintenance_schedule": ("media_usage_maintenance", "*/2 * * * *", "UTC"),

@@ -14,7 +14,14 @@ from media_usage_orchestration.emdash_double.cms_writer import (
     FieldSpec,
     SubField,
 )
+from media_usage_orchestration.emdash_double.sample_content import (
+    MEDIA_FIELDS,
+    draft_revision_data,
+    sample_entries,
+    sample_entry,
+)
 from media_usage_orchestration.media.sources import source_key
+from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.sources.writes import SourceRepository
 from media_usage_orchestration.values.source_records import SourceRow
@@ -49,6 +56,28 @@ def active_collection(
         reconciliation_required=0,
     )
     return collection
+
+
+def processed_collection(engine, slug: str = "articles", entries: int = 8):
+    """A captured collection of sample content (drafts, a trash, every media shape), with
+    all of its work processed."""
+    collection = active_collection(engine, slug, MEDIA_FIELDS)
+    writer = CmsWriter(engine)
+    writer.insert_entries(slug, sample_entries(slug[:3], entries))
+    for index in (0, 3):
+        entry = sample_entry(slug[:3], index)
+        writer.save_draft(slug, entry["id"], draft_revision_data(entry))
+    writer.trash_entry(slug, sample_entry(slug[:3], 5)["id"])
+    drain(engine)
+    return collection
+
+
+def drain(engine: Engine) -> None:
+    """Process every due work item; none may be left."""
+    for _ in range(20):
+        if process_due_batch(engine, 25).counts.claimed == 0:
+            break
+    assert count(engine, schema.work) == 0
 
 
 def image(media_id: str) -> dict[str, str]:

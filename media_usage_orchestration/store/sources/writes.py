@@ -73,6 +73,9 @@ from media_usage_orchestration.values.source_records import (
 
 logger = logging.getLogger(__name__)
 
+# EmDash's column default: what a row is until a successful projection says `complete`.
+UNKNOWN_COMPLETENESS = "unknown"
+
 # Far below both dialects' bind limits (13 columns per row).
 OCCURRENCE_INSERT_BATCH = 500
 
@@ -368,6 +371,26 @@ class SourceRepository:
             # An unreleased lease only delays GC of this generation until it expires.
             logger.exception("Failed to release media usage generation write lease")
 
+    # -- trust ---------------------------------------------------------------------------------
+
+    def withdraw_trust(self, expected: SourceRow) -> bool:
+        """Mark the source `expected`, only while it is still exactly that row, as of unknown
+        completeness, so the next refresh of its entry republishes it rather than find it
+        unchanged. For a row whose fingerprint still matches the content while its occurrences
+        or columns do not (changed behind the write protocol's back): the unchanged check reads
+        only the fingerprint. Nothing else is written; False when the row has changed since."""
+        statement = (
+            update(sources)
+            .where(
+                sources.c.source_key == expected.source_key,
+                source_matches(expected),
+                collection_is_current(expected.collection_id, expected.collection_slug),
+            )
+            .values(source_completeness=UNKNOWN_COMPLETENESS, updated_at=timestamp_offset(0))
+        )
+        with self.engine.begin() as connection:
+            return connection.execute(statement).rowcount == 1
+
     # -- guarded deletes -----------------------------------------------------------------------
 
     def delete_source_if_matching(self, source_key: str, expected: SourceRow) -> DeleteResult:
@@ -425,6 +448,7 @@ class SourceRepository:
 
 __all__ = [
     "OCCURRENCE_INSERT_BATCH",
+    "UNKNOWN_COMPLETENESS",
     "DeleteResult",
     "ReplaceResult",
     "SourceRepository",

@@ -11,7 +11,7 @@ from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.content_reads import load_content_snapshots
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import read_transaction
-from media_usage_orchestration.store.sources.writes import SourceRepository
+from media_usage_orchestration.store.sources.writes import UNKNOWN_COMPLETENESS, SourceRepository
 from tests.support.factories import insert_occurrences, insert_revision
 from tests.support.projection import image, total_rows
 from tests.support.states import count, make_collection
@@ -163,6 +163,29 @@ def test_a_guarded_delete_of_a_changed_source_reports_it(db, posts):
     assert result.deleted is False
     assert result.source == observed
     assert repository.delete_source_if_matching(columns.source_key, observed).deleted is True
+
+
+def test_withdrawn_trust_makes_the_next_replacement_republish(db, posts):
+    (columns,) = snapshots(db.engine, posts)
+    repository = SourceRepository(db.engine)
+    repository.replace_source_if_matching(columns, None, None)
+    observed = repository.find_source(columns.source_key)
+    stale = replace(observed, current_generation="01OLDERGENERATION000000000")
+
+    assert repository.withdraw_trust(stale) is False  # the row is not the one observed
+    assert repository.find_source(columns.source_key) == observed
+    assert repository.withdraw_trust(observed) is True
+
+    withdrawn = repository.find_source(columns.source_key)
+    assert withdrawn.source_completeness == UNKNOWN_COMPLETENESS
+    assert (withdrawn.current_generation, withdrawn.source_fingerprint) == (
+        observed.current_generation,
+        observed.source_fingerprint,
+    )
+    assert repository.withdraw_trust(observed) is False  # its CAS columns moved on
+    result = repository.replace_source_if_matching(columns, None, withdrawn)
+    assert (result.replaced, result.unchanged) == (True, False)
+    assert repository.find_source(columns.source_key).source_completeness == "complete"
 
 
 def test_deletion_measurement_reads_at_most_one_row_past_the_limit(db, posts):
