@@ -68,7 +68,7 @@ def test_a_completed_reconciliation_materializes_its_collection_partition(db):
     assert 0 <= metadata["duration_seconds"] < 120
 
 
-def test_a_work_run_materializes_each_collection_it_projected(db):
+def test_each_work_run_materializes_the_collection_it_projected(db):
     write_collections(db.engine, {"articles": 20, "pages": 20, "posts": 20})
     writer = CmsWriter(db.engine)
     with dg.DagsterInstance.ephemeral() as instance:
@@ -81,9 +81,16 @@ def test_a_work_run_materializes_each_collection_it_projected(db):
             writer.update_entry("articles", entry["id"], {"title": f"edited {index}"})
         writer.insert_entry("pages", sample_entry("pag", 500))
 
-        result = WORK_JOB.execute_in_process(instance=instance, resources=resources(db))
+        # One run per collection: launched without one, each takes the earliest due.
+        runs = [
+            WORK_JOB.execute_in_process(instance=instance, resources=resources(db))
+            for _ in range(2)
+        ]
 
-        assert result.success
+        assert all(run.success for run in runs)
+        assert [
+            instance.get_run_by_id(run.run_id).tags["media_usage/collection"] for run in runs
+        ] == ["articles", "pages"]
         articles = _materializations(instance, "articles")[before:]
         pages = _materializations(instance, "pages")
         posts = _materializations(instance, "posts")
@@ -91,7 +98,7 @@ def test_a_work_run_materializes_each_collection_it_projected(db):
         # reconciliation had.
         assert "pages" in instance.get_dynamic_partitions(PARTITIONS)
 
-    # Activation materialized every collection once; the work run only those it projected.
+    # Activation materialized every collection once; the work runs only those they projected.
     assert len(articles) == 1 and len(pages) == 2 and len(posts) == 1
     pages = pages[1:]
     assert articles[0]["entries_projected"] == 3
