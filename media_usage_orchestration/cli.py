@@ -241,7 +241,7 @@ def status(database_url: str | None, as_json: bool) -> None:
     else:
         console.print(coverage_table(statuses))
         if host.tracked:
-            console.print(literal(host.summary()))
+            console.print(literal(host.summary()), soft_wrap=True)
     problems = [_status_problem(each) for each in statuses if each.problem_code]
     waiting = [each.collection_slug for each in statuses if each.needs_operator]
     if waiting:
