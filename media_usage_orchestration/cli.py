@@ -94,11 +94,17 @@ def _engine(url: str | None, *, read_only: bool = False) -> Engine:
     return engine
 
 
-def _reader(url: str | None, *, read_only: bool = True) -> Engine:
-    """A verb that only reads works whatever EmDash ran, saying so when writers refuse."""
+@contextlib.contextmanager
+def _reading(url: str | None, *, read_only: bool = True) -> Iterator[Engine]:
+    """A verb that only reads works whatever EmDash ran, and once it has answered (its exit
+    included) says when writers refuse. Not before: bad input is refused before connecting."""
     engine = _engine(url, read_only=read_only)
+    try:
+        yield engine
+    except SystemExit:
+        _warn_when_writers_refuse(engine)
+        raise
     _warn_when_writers_refuse(engine)
-    return engine
 
 
 def _warn_when_writers_refuse(engine: Engine) -> HostSchema:
@@ -234,7 +240,7 @@ def status(database_url: str | None, as_json: bool) -> None:
     """Show every collection's coverage, index and work. Exit 1 when any collection waits for
     an operator: failed work, or failed coverage."""
     engine = _engine(database_url, read_only=True)
-    host = _warn_when_writers_refuse(engine)
+    host = _warn_when_writers_refuse(engine)  # status validates no input: it warns first
     statuses = operator.collection_statuses(engine)
     if as_json:
         _print_json([dataclasses.asdict(each) for each in statuses])
@@ -290,10 +296,10 @@ def verify(
     database_url: str | None, collection_slugs: tuple[str, ...], limit: int, as_json: bool
 ) -> None:
     """Recompute the index from the content and compare; exit 1 on any drift."""
-    engine = _reader(database_url)
-    for slug in collection_slugs:
-        operator.registered_collection_id(engine, slug)
-    report = verify_index(engine, collection_slugs or None)
+    with _reading(database_url) as engine:
+        for slug in collection_slugs:
+            operator.registered_collection_id(engine, slug)
+        report = verify_index(engine, collection_slugs or None)
     if as_json:
         _print_json(_verify_json(report, limit))
     else:
@@ -348,9 +354,8 @@ def work_list(
     as_json: bool,
 ) -> None:
     """A page of a collection's work, newest first (never versions or lease tokens)."""
-    page = operator.list_work(
-        _reader(database_url), collection, state=state, limit=limit, cursor=cursor
-    )
+    with _reading(database_url) as engine:
+        page = operator.list_work(engine, collection, state=state, limit=limit, cursor=cursor)
     _print_page(f"Work of {collection}", page.items, page.next_cursor, as_json, WORK_COLUMNS)
 
 
@@ -404,8 +409,8 @@ def deletions_list(
     state: str, limit: int, cursor: str | None, database_url: str | None, as_json: bool
 ) -> None:
     """A page of deletion tombstones in one state, newest first (never lease tokens)."""
-    engine = _reader(database_url)
-    page = operator.list_deletions(engine, state=state, limit=limit, cursor=cursor)
+    with _reading(database_url) as engine:
+        page = operator.list_deletions(engine, state=state, limit=limit, cursor=cursor)
     title = f"Collection deletions ({state})"
     _print_page(title, page.items, page.next_cursor, as_json, DELETION_COLUMNS)
 
@@ -435,7 +440,8 @@ def reconciliations() -> None:
 @json_option
 def reconciliations_list(database_url: str | None, as_json: bool) -> None:
     """Every collection's reconciliation: state, phase, attempts, next attempt, lease expiry."""
-    items = operator.list_reconciliations(_reader(database_url))
+    with _reading(database_url) as engine:
+        items = operator.list_reconciliations(engine)
     _print_page("Reconciliations", items, None, as_json, RECONCILIATION_COLUMNS)
 
 
@@ -467,13 +473,8 @@ def usage_verb(
 ) -> None:
     """Where a media item is used: entries (paged by entry), variant and field path, with each
     collection's coverage. "Not used" is said only when coverage proves it."""
-    report = usage.media_usage(
-        _reader(database_url, read_only=False),
-        media_id,
-        provider=provider,
-        limit=limit,
-        cursor=cursor,
-    )
+    with _reading(database_url, read_only=False) as engine:
+        report = usage.media_usage(engine, media_id, provider=provider, limit=limit, cursor=cursor)
     if as_json:
         _print_json(report.as_dict())
         return
@@ -497,13 +498,12 @@ def unused_verb(limit: int, cursor: str | None, database_url: str | None, as_jso
     """Media of EmDash's library no content field uses, with the bytes that could be
     reclaimed. Deletes nothing; refused (exit 1) unless every collection's coverage is
     complete."""
-    try:
-        report = usage.unused_media(
-            _reader(database_url, read_only=False), limit=limit, cursor=cursor
-        )
-    except CoverageIncomplete as refusal:
-        click.echo(f"Refused: {refusal}", err=True)
-        _exit_problem()
+    with _reading(database_url, read_only=False) as engine:
+        try:
+            report = usage.unused_media(engine, limit=limit, cursor=cursor)
+        except CoverageIncomplete as refusal:
+            click.echo(f"Refused: {refusal}", err=True)
+            _exit_problem()
     if as_json:
         _print_json(report.as_dict())
         return

@@ -16,8 +16,10 @@ from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
 from media_usage_orchestration.resources import database as database_module
 from media_usage_orchestration.schedules import media_usage_maintenance_schedule
 from media_usage_orchestration.sensors import common as sensor_common
+from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import OperationalError
 from media_usage_orchestration.store.core.host_schema import read_host_schema
+from media_usage_orchestration.values.host_schema import EMDASH_RELEASE
 from tests.support.emdash_migrations import (
     LATER_MIGRATION,
     as_later_emdash,
@@ -107,6 +109,18 @@ def test_the_contract_is_read_with_the_schema_check_and_again_while_it_refuses(l
         evaluate(sensor, instance, resources(later))
 
     assert len(reads) == 3  # found ready once; the next tick sent only its probe
+
+
+def test_on_an_older_emdash_without_its_tables_a_sensor_says_to_upgrade_emdash(emdash):
+    remove_migration(emdash.engine, "066_media_usage_reconciliation")
+    with emdash.engine.begin() as connection:  # as EmDash 0.33.0 left the database
+        schema.reconciliations.drop(connection)
+    with dg.DagsterInstance.ephemeral() as instance:
+        data = evaluate(LANE_SENSORS[0], instance, resources(emdash))
+
+    assert not data.run_requests
+    assert "lacks the media usage schema" in data.skip_message
+    assert f"upgrade EmDash to {EMDASH_RELEASE}" in data.skip_message
 
 
 @pytest.mark.parametrize("job_name", WRITING_JOBS)

@@ -20,6 +20,7 @@ from tests.support.emdash_migrations import (
     emdash_copy,
     remove_migration,
 )
+from tests.support.media_library import add_media, create_media_table
 from tests.support.operator_states import failed_work, work_row
 from tests.support.states import snapshot
 
@@ -51,9 +52,13 @@ def emdash(db, tmp_path):
 
 @pytest.fixture
 def posts(emdash):
-    """A captured collection whose entry-1 work failed: `work retry` would reopen it."""
+    """A captured collection whose entry-1 work failed (`work retry` would reopen it), and a
+    media item `m-1` in EmDash's library."""
     posts = trusted_collection(emdash)
     failed_work(emdash.engine, posts, "entry-1")
+    if emdash.is_postgres:  # the SQLite copy is EmDash's whole database, its library included
+        create_media_table(emdash.engine)
+    add_media(emdash.engine, ("m-1", 100))
     return posts
 
 
@@ -83,8 +88,10 @@ def test_a_read_verb_answers_as_before_with_the_line_as_a_warning(emdash, posts,
 
     result = invoke(emdash, *verb)
 
+    warning = f"Warning: {unknown_line(emdash)}\n"
     assert (result.exit_code, result.stdout) == (known.exit_code, known.stdout)
-    assert result.stderr == f"Warning: {unknown_line(emdash)}\n" + known.stderr
+    assert result.stderr.count(warning) == 1
+    assert result.stderr.replace(warning, "") == known.stderr
 
 
 def test_init_refuses_on_an_older_emdash_naming_the_release(emdash):
