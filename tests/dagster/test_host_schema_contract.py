@@ -23,7 +23,6 @@ from media_usage_orchestration.values.host_schema import EMDASH_RELEASE
 from tests.support.emdash_migrations import (
     LATER_MIGRATION,
     as_later_emdash,
-    emdash_copy,
     remove_migration,
 )
 from tests.support.sensor_loop import evaluate, resources
@@ -41,12 +40,6 @@ WRITING_JOBS = (
 def schema_unseen(monkeypatch):
     """Test schemas are pooled and their URLs reused: no engine starts as "schema found"."""
     monkeypatch.setattr(sensor_common, "_schema_found", weakref.WeakSet())
-
-
-@pytest.fixture
-def emdash(db, tmp_path):
-    with emdash_copy(db, tmp_path) as database:
-        yield database
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from tests.support.emdash_migrations import (
     LATER_MIGRATION,
     REMOVED_MIGRATION,
     as_later_emdash,
-    emdash_copy,
     remove_migration,
 )
 from tests.support.media_library import add_media, create_media_table
@@ -42,12 +41,6 @@ READ_VERBS = (
 )
 # EmDash 0.34.0's tables that 0.33.0 did not have yet (migrations 065 and 066).
 NEWER_TABLES = (schema.collection_deletions, schema.reconciliations)
-
-
-@pytest.fixture
-def emdash(db, tmp_path):
-    with emdash_copy(db, tmp_path) as database:
-        yield database
 
 
 @pytest.fixture

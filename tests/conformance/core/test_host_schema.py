@@ -22,16 +22,9 @@ from tests.support.emdash_migrations import (
     LATER_MIGRATION,
     REMOVED_MIGRATION,
     as_later_emdash,
-    emdash_copy,
     fixture_migrations,
     remove_migration,
 )
-
-
-@pytest.fixture
-def emdash(db, tmp_path):
-    with emdash_copy(db, tmp_path) as database:
-        yield database
 
 
 def test_the_declared_migrations_are_the_media_usage_ones_emdash_recorded():
