@@ -56,6 +56,7 @@ def test_a_database_without_the_migration_record_has_no_contract():
     assert host.write_refusal() is None
     assert host.install_refusal() is None
     assert host.upgrade_emdash_hint() is None
+    assert host.summary() == "EmDash migrations: none recorded (no _emdash_migrations table)"
 
 
 def test_emdash_0_34_0s_record_allows_everything():
