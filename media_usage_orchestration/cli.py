@@ -10,6 +10,12 @@ Verbs that only read (status, verify, the listings) open the database read-only:
 file is never created, converted to WAL or otherwise changed, and a missing one is bad usage.
 Every value that comes from the database or the command line is printed literally, never
 read as Rich markup or terminal control sequences.
+
+On an EmDash database (one with `_emdash_migrations`), a media usage migration this project
+does not implement (a later EmDash) makes `init` and the verbs that write exit 1 with one line
+naming it; the verbs that read print that line as a warning on stderr and go on. `init` also
+refuses while EmDash has not run a media usage migration the project implements (an older
+EmDash: its migrator owns those tables). `status` shows the contract (`values/host_schema.py`).
 """
 
 from __future__ import annotations
@@ -44,12 +50,19 @@ from media_usage_orchestration.store.core.engine import (
     redacted_url,
     scrubbed,
 )
+from media_usage_orchestration.store.core.host_schema import (
+    read_host_schema,
+    refuse_install,
+    refuse_unknown_migrations,
+)
 from media_usage_orchestration.store.core.leases import LeaseState
 from media_usage_orchestration.values.errors import (
     CoverageIncomplete,
     DatabaseFileError,
+    HostSchemaError,
     OperatorInputError,
 )
+from media_usage_orchestration.values.host_schema import HostSchema
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
 
 # Piped or logged output is not cut at rich's default 80 columns: the status table is wider.
@@ -82,10 +95,38 @@ def _engine(url: str | None, *, read_only: bool = False) -> Engine:
 
 
 @contextlib.contextmanager
+def _reading(url: str | None, *, read_only: bool = True) -> Iterator[Engine]:
+    """A verb that only reads works whatever EmDash ran, and once it has answered (its exit
+    included) says when writers refuse. Not before: bad input is refused before connecting."""
+    engine = _engine(url, read_only=read_only)
+    try:
+        yield engine
+    except SystemExit:
+        _warn_when_writers_refuse(engine)
+        raise
+    _warn_when_writers_refuse(engine)
+
+
+def _warn_when_writers_refuse(engine: Engine) -> HostSchema:
+    host = read_host_schema(engine)
+    if refusal := host.write_refusal():
+        _echo(f"Warning: {refusal}", err=True)
+    return host
+
+
+def _writer(url: str | None) -> Engine:
+    """A verb that writes refuses (exit 1) on a later EmDash's media usage migration."""
+    engine = _engine(url)
+    refuse_unknown_migrations(engine)
+    return engine
+
+
+@contextlib.contextmanager
 def _reported_errors(ctx: click.Context) -> Iterator[None]:
     """The one error handler of every verb: refused operator input and an unusable SQLite
-    file (missing for a verb that only reads) exit 2 like any usage error; a database error exits 1 with one line, scrubbed of the URL's secrets (never a
-    traceback, never the SQL or its values)."""
+    file (missing for a verb that only reads) exit 2 like any usage error; a database error
+    exits 1 with one line, scrubbed of the URL's secrets (never a traceback, never the SQL or
+    its values), and so does a refusal of the host-schema contract."""
     try:
         yield
     except OperatorInputError as error:
@@ -96,6 +137,8 @@ def _reported_errors(ctx: click.Context) -> Iterator[None]:
     except SQLAlchemyError as error:
         message = scrubbed(database_error_message(error), ctx.meta.get(_DATABASE_URL_META))
         raise click.ClickException(message) from None
+    except HostSchemaError as error:  # the host-schema contract: exit 1, nothing written
+        raise click.ClickException(str(error)) from None
 
 
 class _OperatorCommand(click.Command):
@@ -174,9 +217,12 @@ main.add_command(bench)
 @main.command()
 @database_url_option
 def init(database_url: str | None) -> None:
-    """Install (or complete) EmDash's media usage schema; safe to repeat."""
+    """Install (or complete) EmDash's media usage schema; safe to repeat. On an EmDash
+    database, only when EmDash ran exactly the media usage migrations this project implements
+    (exit 1 otherwise, nothing changed)."""
     engine = _engine(database_url)
     with engine.begin() as connection:
+        refuse_install(connection)
         added = schema.install_schema(connection)
     console.print(
         Text.assemble(
@@ -193,11 +239,15 @@ def init(database_url: str | None) -> None:
 def status(database_url: str | None, as_json: bool) -> None:
     """Show every collection's coverage, index and work. Exit 1 when any collection waits for
     an operator: failed work, or failed coverage."""
-    statuses = operator.collection_statuses(_engine(database_url, read_only=True))
+    engine = _engine(database_url, read_only=True)
+    host = _warn_when_writers_refuse(engine)  # status validates no input: it warns first
+    statuses = operator.collection_statuses(engine)
     if as_json:
         _print_json([dataclasses.asdict(each) for each in statuses])
     else:
         console.print(coverage_table(statuses))
+        if host.tracked:
+            console.print(literal(host.summary()), soft_wrap=True)
     problems = [_status_problem(each) for each in statuses if each.problem_code]
     waiting = [each.collection_slug for each in statuses if each.needs_operator]
     if waiting:
@@ -246,10 +296,10 @@ def verify(
     database_url: str | None, collection_slugs: tuple[str, ...], limit: int, as_json: bool
 ) -> None:
     """Recompute the index from the content and compare; exit 1 on any drift."""
-    engine = _engine(database_url, read_only=True)
-    for slug in collection_slugs:
-        operator.registered_collection_id(engine, slug)
-    report = verify_index(engine, collection_slugs or None)
+    with _reading(database_url) as engine:
+        for slug in collection_slugs:
+            operator.registered_collection_id(engine, slug)
+        report = verify_index(engine, collection_slugs or None)
     if as_json:
         _print_json(_verify_json(report, limit))
     else:
@@ -304,9 +354,8 @@ def work_list(
     as_json: bool,
 ) -> None:
     """A page of a collection's work, newest first (never versions or lease tokens)."""
-    page = operator.list_work(
-        _engine(database_url, read_only=True), collection, state=state, limit=limit, cursor=cursor
-    )
+    with _reading(database_url) as engine:
+        page = operator.list_work(engine, collection, state=state, limit=limit, cursor=cursor)
     _print_page(f"Work of {collection}", page.items, page.next_cursor, as_json, WORK_COLUMNS)
 
 
@@ -329,7 +378,7 @@ def work_retry(
     any item was not reopened (lease_active, conflict, not_found)."""
     if (content_id is None) == (not all_failed):
         raise click.UsageError("Pass exactly one of --content-id or --all-failed")
-    engine = _engine(database_url)
+    engine = _writer(database_url)
     if content_id is not None:
         report = operator.retry_work_item(engine, collection, content_id)
         _finish_retry(f"Work {collection}/{content_id}", report, as_json)
@@ -360,8 +409,8 @@ def deletions_list(
     state: str, limit: int, cursor: str | None, database_url: str | None, as_json: bool
 ) -> None:
     """A page of deletion tombstones in one state, newest first (never lease tokens)."""
-    engine = _engine(database_url, read_only=True)
-    page = operator.list_deletions(engine, state=state, limit=limit, cursor=cursor)
+    with _reading(database_url) as engine:
+        page = operator.list_deletions(engine, state=state, limit=limit, cursor=cursor)
     title = f"Collection deletions ({state})"
     _print_page(title, page.items, page.next_cursor, as_json, DELETION_COLUMNS)
 
@@ -376,7 +425,7 @@ def deletions_retry(
 ) -> None:
     """Reopen a failed or stalled deletion in its phase. Exit 1 unless it was reopened."""
     report = operator.retry_deletion(
-        _engine(database_url), collection_id=collection_id, collection=collection
+        _writer(database_url), collection_id=collection_id, collection=collection
     )
     _finish_retry(f"Deletion of {collection or collection_id}", report, as_json)
 
@@ -391,7 +440,8 @@ def reconciliations() -> None:
 @json_option
 def reconciliations_list(database_url: str | None, as_json: bool) -> None:
     """Every collection's reconciliation: state, phase, attempts, next attempt, lease expiry."""
-    items = operator.list_reconciliations(_engine(database_url, read_only=True))
+    with _reading(database_url) as engine:
+        items = operator.list_reconciliations(engine)
     _print_page("Reconciliations", items, None, as_json, RECONCILIATION_COLUMNS)
 
 
@@ -402,7 +452,7 @@ def reconciliations_list(database_url: str | None, as_json: bool) -> None:
 def reconciliations_retry(collection: str, database_url: str | None, as_json: bool) -> None:
     """Reopen a failed, retrying or abandoned reconciliation as a fresh scan. Exit 1 unless it
     was reopened."""
-    report = operator.retry_reconciliation(_engine(database_url), collection)
+    report = operator.retry_reconciliation(_writer(database_url), collection)
     _finish_retry(f"Reconciliation of {collection}", report, as_json)
 
 
@@ -423,9 +473,8 @@ def usage_verb(
 ) -> None:
     """Where a media item is used: entries (paged by entry), variant and field path, with each
     collection's coverage. "Not used" is said only when coverage proves it."""
-    report = usage.media_usage(
-        _engine(database_url), media_id, provider=provider, limit=limit, cursor=cursor
-    )
+    with _reading(database_url, read_only=False) as engine:
+        report = usage.media_usage(engine, media_id, provider=provider, limit=limit, cursor=cursor)
     if as_json:
         _print_json(report.as_dict())
         return
@@ -449,11 +498,12 @@ def unused_verb(limit: int, cursor: str | None, database_url: str | None, as_jso
     """Media of EmDash's library no content field uses, with the bytes that could be
     reclaimed. Deletes nothing; refused (exit 1) unless every collection's coverage is
     complete."""
-    try:
-        report = usage.unused_media(_engine(database_url), limit=limit, cursor=cursor)
-    except CoverageIncomplete as refusal:
-        click.echo(f"Refused: {refusal}", err=True)
-        _exit_problem()
+    with _reading(database_url, read_only=False) as engine:
+        try:
+            report = usage.unused_media(engine, limit=limit, cursor=cursor)
+        except CoverageIncomplete as refusal:
+            click.echo(f"Refused: {refusal}", err=True)
+            _exit_problem()
     if as_json:
         _print_json(report.as_dict())
         return

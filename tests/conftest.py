@@ -26,6 +26,7 @@ from tests.support.databases import (
     postgres_schema,
     require_postgres,
 )
+from tests.support.emdash_migrations import emdash_copy
 
 
 def _share_alembic_script_directories() -> None:
@@ -112,6 +113,14 @@ def twin(db, tmp_path, sqlite_template, postgres_pool) -> Iterator[TestDatabase]
     with clean_database(
         db.dialect, tmp_path / "twin.db", sqlite_template, postgres_pool
     ) as database:
+        yield database
+
+
+@pytest.fixture
+def emdash(db, tmp_path) -> Iterator[TestDatabase]:
+    """EmDash 0.34.0's database, `_emdash_migrations` included: a copy of its fixture file on
+    SQLite; on PostgreSQL the installed schema with the fixture's migration record."""
+    with emdash_copy(db, tmp_path) as database:
         yield database
 
 

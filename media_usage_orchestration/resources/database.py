@@ -9,11 +9,16 @@ import dagster as dg
 from pydantic import PrivateAttr
 from sqlalchemy import Engine
 
+from media_usage_orchestration.ops.common import error_outcome
+from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
 from media_usage_orchestration.store.core.engine import (
+    SQLAlchemyError,
     create_database_engine,
     default_database_url,
     redacted_url,
 )
+from media_usage_orchestration.store.core.host_schema import refuse_unknown_migrations
+from media_usage_orchestration.values.errors import UnknownEmdashMigration
 
 # Sensor and schedule ticks run every few seconds in one long-lived process (the code server)
 # and initialize the resource afresh each time: they share one engine per URL, so a tick
@@ -50,6 +55,7 @@ class MediaUsageDatabase(dg.ConfigurableResource):
     _url: str | None = PrivateAttr(default=None)
     _engine: Engine | None = PrivateAttr(default=None)
     _owns_engine: bool = PrivateAttr(default=False)
+    _contract_unchecked: bool = PrivateAttr(default=False)
 
     @classmethod
     def for_url(cls, url: str) -> MediaUsageDatabase:
@@ -71,12 +77,29 @@ class MediaUsageDatabase(dg.ConfigurableResource):
             return
         self._engine = create_database_engine(self.resolved_url())
         self._owns_engine = True
+        self._contract_unchecked = True
+        try:
+            self._check_contract()
+        except UnknownEmdashMigration as refusal:
+            # The run fails here, before its first op: nothing was written. Its outcome tag
+            # says why, as for a run stopped in its first op.
+            context.instance.add_run_tags(context.run.run_id, {OUTCOME_TAG: error_outcome(refusal)})
+            raise
+        except SQLAlchemyError:
+            pass  # checked on the engine's first use, where the op's retry policy applies
+
+    def _check_contract(self) -> None:
+        """Every run's writes wait for the host-schema contract: a media usage migration of a
+        later EmDash (`values/host_schema.py`) fails the run before anything is written."""
+        refuse_unknown_migrations(self._engine)
+        self._contract_unchecked = False
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._engine is not None and self._owns_engine:
             self._engine.dispose()
         self._engine = None
         self._owns_engine = False
+        self._contract_unchecked = False
 
     def resolved_url(self) -> str:
         return self._url or default_database_url()
@@ -90,6 +113,8 @@ class MediaUsageDatabase(dg.ConfigurableResource):
         if self._engine is None:
             # Direct use outside a run (sensors, tests): create lazily, still never at import.
             self._engine = create_database_engine(self.resolved_url())
+        if self._contract_unchecked:
+            self._check_contract()
         return self._engine
 
     def __repr__(self) -> str:

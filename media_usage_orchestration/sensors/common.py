@@ -16,6 +16,7 @@ from media_usage_orchestration.store.core.engine import (
     database_error_message,
     scrubbed,
 )
+from media_usage_orchestration.store.core.host_schema import read_host_schema
 from media_usage_orchestration.store.core.schema import missing_tables
 
 COLLECTION_ID_TAG = "media_usage/collection_id"
@@ -86,20 +87,25 @@ def probe_when_ready(
 
 def database_not_ready(database: MediaUsageDatabase) -> dg.SkipReason | None:
     """A database the sensor cannot use yet is a setup or operations step away, not a sensor
-    error: one password-free line in the tick history says what to check."""
+    error: one password-free line in the tick history says what to check. A later EmDash's
+    media usage migration (the host-schema contract) is such a step: upgrading the project."""
     try:
         missing = missing_tables(database.engine)
+        host = read_host_schema(database.engine)
     except CONNECTION_ERRORS as error:
         reason = scrubbed(database_error_message(error), database.resolved_url())
         return dg.SkipReason(
             f"database unreachable at {database.display_url} ({reason}): check "
             f"{DATABASE_URL_ENV} and that the server is up"
         )
+    if refusal := host.write_refusal():
+        return dg.SkipReason(refusal)
     if not missing:
         return None
+    setup = host.upgrade_emdash_hint() or "run `media-usage init` or `make demo`"
     return dg.SkipReason(
         f"{database.display_url} lacks the media usage schema ({len(missing)} tables missing, "
-        "e.g. " + missing[0] + "): run `media-usage init` or `make demo`"
+        "e.g. " + missing[0] + "): " + setup
     )
 
 

@@ -60,6 +60,30 @@ class DatabaseFileError(MediaUsageError, ValueError):
     code = "MEDIA_USAGE_DATABASE_FILE"
 
 
+# --- the host-schema contract (EmDash's migrations) ----------------------------------------------
+
+
+class HostSchemaError(MediaUsageError, RuntimeError):
+    """The database's EmDash migrations (`_emdash_migrations`) are not the media usage
+    migrations this project implements (`values/host_schema.py`); nothing was written."""
+
+    code = "MEDIA_USAGE_HOST_SCHEMA_MISMATCH"
+
+
+class UnknownEmdashMigration(HostSchemaError):
+    """A later EmDash ran a media usage migration the project does not know: every writer
+    refuses until the project is upgraded."""
+
+    code = "MEDIA_USAGE_UNKNOWN_EMDASH_MIGRATION"
+
+
+class MissingEmdashMigration(HostSchemaError):
+    """An older EmDash has not run a media usage migration the project implements: `init`
+    refuses to create EmDash's tables in its migrator's place."""
+
+    code = "MEDIA_USAGE_MISSING_EMDASH_MIGRATION"
+
+
 # --- reading and projecting content ---------------------------------------------------------------
 
 
@@ -200,11 +224,14 @@ __all__ = [
     "DeletionLeaseLost",
     "DeletionNotReady",
     "DraftRevisionError",
+    "HostSchemaError",
     "InvalidCursorError",
     "InvalidIdentifierError",
     "LifecycleConflictError",
     "MediaUsageError",
     "MediaUsageFieldDiscoveryError",
+    "MissingEmdashMigration",
     "OperatorInputError",
     "RegistryUnreadable",
+    "UnknownEmdashMigration",
 ]
