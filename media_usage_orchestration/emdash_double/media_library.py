@@ -118,6 +118,9 @@ def media_row(file: MediaFile) -> dict[str, Any]:
         "storage_key": f"{file.id}{extension}",
         "content_hash": digest.hex(),
         "status": "ready",
+        "width": None,
+        "height": None,
+        "dominant_color": None,
     }
     if mime.startswith("image/"):
         row["width"], row["height"] = _DIMENSIONS[digest[4] % len(_DIMENSIONS)]

@@ -46,7 +46,7 @@ def test_a_media_row_is_an_upload_of_its_kind_and_always_the_same():
         "t-1.txt",
         "text/plain; charset=utf-8",
     )
-    assert 800 <= text["size"] < 60_000 and "width" not in text
+    assert 800 <= text["size"] < 60_000 and text["width"] is None
     video = media_row(MediaFile("v-1", "video/mp4"))
     assert video["size"] > 4_000_000
 
