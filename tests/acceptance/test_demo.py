@@ -124,6 +124,10 @@ def _latest_materialization(home, key: dg.AssetKey) -> dg.EventLogEntry:
     return event
 
 
+def _latest_metadata(home, key: dg.AssetKey) -> dict:
+    return plain(_latest_materialization(home, key).asset_materialization.metadata)
+
+
 def _assert_the_index_overview_is_a_live_collection(db, home) -> None:
     """The asset's latest materialization (its overview in the UI) is a collection that exists,
     with what its index holds now, not the deleted collection's last one."""
@@ -145,9 +149,7 @@ def _assert_one_projection_gc_pass_deleted_replaced_generations(db, home, output
     [run] = _runs_by_job(home)["media_usage_projection_gc"]
     assert run.tags["dagster/sensor_name"] == media_usage_projection_gc_sensor.name
     aged = int(re.search(r"Projection GC: (\d+) occurrence rows", output).group(1))
-    cleanup = plain(
-        _latest_materialization(home, MEDIA_USAGE_PROJECTION_CLEANUP).asset_materialization.metadata
-    )
+    cleanup = _latest_metadata(home, MEDIA_USAGE_PROJECTION_CLEANUP)
     assert cleanup["outcome"] == "completed" and 0 < cleanup["deleted_rows"] <= aged
     # The pass deleted only replaced generations: the current ones are all still there.
     assert non_current_occurrences(db.engine) == aged - cleanup["deleted_rows"]
@@ -178,9 +180,7 @@ def _assert_unused_lists_exactly_the_unreferenced_media(db, home) -> None:
     assert {file.id for file in UNUSED_UPLOADS} < unused
     assert {media_id[:4] for media_id in unused} == {"lib-", "pro-", "art-", "pag-"}
     assert _unused_ids(db) == sorted(unused)
-    summary = plain(
-        _latest_materialization(home, MEDIA_USAGE_MEDIA_LIBRARY).asset_materialization.metadata
-    )
+    summary = _latest_metadata(home, MEDIA_USAGE_MEDIA_LIBRARY)
     assert {key: summary[key] for key in ("media", "used", "unused", "reclaimable_bytes")} == {
         "media": len(library),
         "used": len(library) - len(unused),
