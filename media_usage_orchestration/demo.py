@@ -1,11 +1,14 @@
 """The demo: an EmDash-shaped database driven by the real Dagster definitions.
 
-It builds three collections of content with media references of every kind, activates capture
-with the activation job, and then lets the sensors ask for runs - ticked by the sensor daemon's
-own iteration over the workspace `make dev` loads, launched through a persistent instance in
-`.dagster_home` - until every collection's coverage is complete. An edit wave follows (captured
-by the triggers, projected by the work job), then a forced deletion of one collection (the
-request job, then the deletion job its sensor asks for). `make dev` opens the same database and
+It builds three collections of content with media references of every kind and EmDash's media
+library (an upload for every media item the content references, and some nothing references),
+activates capture with the activation job, and then lets the sensors ask for runs - ticked by
+the sensor daemon's own iteration over the workspace `make dev` loads, launched through a
+persistent instance in `.dagster_home` - until every collection's coverage is complete. A
+forced deletion of one collection follows (the request job, then the deletion job its sensor
+asks for), then an edit wave on the others (captured by the triggers, projected by the work
+job) and one projection-GC pass over the generations it replaced, backdated past the GC's
+safety window; that run also records the media library. `make dev` opens the same database and
 instance in the UI, where every run is on its job's Runs tab and re-executes.
 """
 
@@ -28,13 +31,16 @@ from rich.table import Table
 
 from media_usage_orchestration.console import status_table
 from media_usage_orchestration.emdash_double import cms_writer as cms
-from media_usage_orchestration.emdash_double import sample_content
+from media_usage_orchestration.emdash_double import media_library, sample_content
+from media_usage_orchestration.emdash_double.aging import age_replaced_generations
+from media_usage_orchestration.emdash_double.media_library import MediaFile
 from media_usage_orchestration.local.instance_home import (
     KEPT_ON_RESET,
     LOCAL_INSTANCE_MARKER,
     instance_in_use,
     is_foreign_instance,
 )
+from media_usage_orchestration.processing.usage import media_library_summary
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.store import audit
 from media_usage_orchestration.store.core import schema
@@ -79,7 +85,7 @@ def run_demo(
     _refuse_an_instance_in_use(dagster_home)
     _refuse_a_foreign_instance(dagster_home)
     with phases.measure("database"):
-        engine = _prepare_database(url, console)
+        engine = _prepare_database(url, console, collections)
     from media_usage_orchestration.local.daemon_lane import open_daemon_lane_in_background
 
     with (
@@ -138,10 +144,11 @@ class DemoPhases:
 # --- database ---------------------------------------------------------------------------------
 
 
-def _prepare_database(url: str, console: Console) -> Engine:
+def _prepare_database(url: str, console: Console, collections: Sequence[DemoCollection]) -> Engine:
     """A SQLite file an earlier demo made (it left a marker beside it) starts over; any other
     database must hold no collections, since the demo never removes content it did not write.
-    A refused database is left exactly as it was."""
+    A refused database is left exactly as it was. Then EmDash's schema, with the media library
+    the demo's content will use."""
     demo_file = sqlite_database_file(url)
     marker = Path(f"{demo_file}{DEMO_DATABASE_MARKER_SUFFIX}") if demo_file else None
     if marker is not None and marker.exists():
@@ -157,6 +164,8 @@ def _prepare_database(url: str, console: Console) -> Engine:
         )
     with engine.begin() as connection:
         schema.install_schema(connection)
+        media_library.create_media_table(connection)
+        media_library.add_media(connection, demo_media_library(collections))
     if marker is not None:
         marker.touch()
     return engine
@@ -172,47 +181,90 @@ def _write_content(engine: Engine, collections: Sequence[DemoCollection]) -> Non
     writer = cms.CmsWriter(engine)
     for collection in collections:
         writer.create_collection(collection.slug, sample_content.MEDIA_FIELDS)
-        entries = sample_content.sample_entries(collection.prefix, collection.entries)
-        writer.insert_entries(collection.slug, entries)
-        _add_drafts_and_trash(writer, collection)
+        initial_content(collection).apply(writer, collection.slug)
 
 
-def _add_drafts_and_trash(writer: cms.CmsWriter, collection: DemoCollection) -> None:
-    for index in range(0, collection.entries, 9):
-        entry = sample_content.sample_entry(collection.prefix, index)
-        writer.save_draft(collection.slug, entry["id"], sample_content.draft_revision_data(entry))
-    for index in range(4, collection.entries, 25):
-        entry_id = sample_content.sample_entry(collection.prefix, index)["id"]
-        writer.trash_entry(collection.slug, entry_id)
+@dataclass(frozen=True)
+class ContentWrites:
+    """What the CMS writes to one collection, in this order: entries inserted, edits (entry id,
+    new values), drafts saved (entry id, revision data), entries trashed, entries deleted."""
+
+    inserted: list[dict[str, Any]] = field(default_factory=list)
+    edits: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    drafts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    trashed: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    def apply(self, writer: cms.CmsWriter, slug: str) -> int:
+        """Write it all through the CMS; returns the writes made."""
+        writes = len(writer.insert_entries(slug, self.inserted))
+        for entry_id, values in self.edits:
+            writer.update_entry(slug, entry_id, values)
+        for entry_id, data in self.drafts:
+            writer.save_draft(slug, entry_id, data)
+        for entry_id in self.trashed:
+            writer.trash_entry(slug, entry_id)
+        for entry_id in self.deleted:
+            writer.delete_entry(slug, entry_id)
+        return writes + sum(map(len, (self.edits, self.drafts, self.trashed, self.deleted)))
+
+    def contents(self) -> list[dict[str, Any]]:
+        """Every piece of content it writes: the media library holds what they reference."""
+        return [*self.inserted, *(values for _, values in (*self.edits, *self.drafts))]
+
+
+def initial_content(collection: DemoCollection) -> ContentWrites:
+    """The entries, every 9th with a draft and every 25th (from the 5th) in the trash."""
+    prefix, size = collection.prefix, collection.entries
+    return ContentWrites(
+        inserted=sample_content.sample_entries(prefix, size),
+        drafts=_drafts(prefix, range(0, size, 9)),
+        trashed=_entry_ids(prefix, range(4, size, 25)),
+    )
+
+
+def edit_wave_content(collection: DemoCollection) -> ContentWrites:
+    """Edits of every kind: new hero images, new entries, drafts, trashed and deleted entries."""
+    prefix, size = collection.prefix, collection.entries
+    return ContentWrites(
+        inserted=sample_content.sample_entries(prefix, max(size // 20, 1), start=size),
+        edits=[
+            (entry_id, {"hero": sample_content.edited_hero(entry_id), "title": "edited"})
+            for entry_id in _entry_ids(prefix, range(1, size, 10))
+        ],
+        drafts=_drafts(prefix, range(2, size, 30)),
+        trashed=_entry_ids(prefix, range(3, size, 40)),
+        deleted=_entry_ids(prefix, range(7, size, 50)),
+    )
+
+
+def _entry_ids(prefix: str, indexes: range) -> list[str]:
+    return [sample_content.sample_entry(prefix, index)["id"] for index in indexes]
+
+
+def _drafts(prefix: str, indexes: range) -> list[tuple[str, dict[str, Any]]]:
+    entries = (sample_content.sample_entry(prefix, index) for index in indexes)
+    return [(entry["id"], sample_content.draft_revision_data(entry)) for entry in entries]
 
 
 def edit_wave(engine: Engine, collection: DemoCollection) -> int:
-    """Edits of every kind through the CMS, each captured by the triggers as work: new hero
-    images, new entries, drafts, trashed and deleted entries. Returns the writes made."""
-    writer = cms.CmsWriter(engine)
-    size = collection.entries
-    writes = 0
-    for index in range(1, size, 10):
-        entry_id = sample_content.sample_entry(collection.prefix, index)["id"]
-        hero = {"id": f"{entry_id}-v2", "provider": "local", "mimeType": "image/webp"}
-        writer.update_entry(collection.slug, entry_id, {"hero": hero, "title": "edited"})
-        writes += 1
-    added = sample_content.sample_entries(collection.prefix, max(size // 20, 1), start=size)
-    writes += len(writer.insert_entries(collection.slug, added))
-    for index in range(2, size, 30):
-        entry = sample_content.sample_entry(collection.prefix, index)
-        data = sample_content.draft_revision_data(entry)
-        writer.save_draft(collection.slug, entry["id"], data)
-        writes += 1
-    for index in range(3, size, 40):
-        entry_id = sample_content.sample_entry(collection.prefix, index)["id"]
-        writer.trash_entry(collection.slug, entry_id)
-        writes += 1
-    for index in range(7, size, 50):
-        entry_id = sample_content.sample_entry(collection.prefix, index)["id"]
-        writer.delete_entry(collection.slug, entry_id)
-        writes += 1
-    return writes
+    """The edit wave through the CMS, each write captured by the triggers as work. Returns the
+    writes made."""
+    return edit_wave_content(collection).apply(cms.CmsWriter(engine), collection.slug)
+
+
+def edited_collections(collections: Sequence[DemoCollection]) -> list[DemoCollection]:
+    """The edit wave comes after the deletion, so it edits the collections that remain."""
+    return [collection for collection in collections if collection.slug != DELETED_COLLECTION]
+
+
+def demo_media_library(collections: Sequence[DemoCollection]) -> list[MediaFile]:
+    """EmDash's media library as the demo's editors filled it: an upload for every media item
+    the demo's content references at any time, and the uploads nothing references."""
+    writes = [initial_content(collection) for collection in collections]
+    writes += [edit_wave_content(collection) for collection in edited_collections(collections)]
+    contents = [content for write in writes for content in write.contents()]
+    return [*sample_content.library_files(contents), *sample_content.UNUSED_UPLOADS]
 
 
 # --- the Dagster instance ---------------------------------------------------------------------
@@ -289,8 +341,10 @@ def _drive_the_lanes(
     runs: list[Any],
     collections: Sequence[DemoCollection],
 ) -> None:
-    """Activation, coverage, the edit wave and the deletion; `record` hears of every run as it
-    ends and appends it to `runs`."""
+    """Activation and coverage, the deletion, the edit wave of the collections that remain and
+    a projection-GC pass; `record` hears of every run as it ends and appends it to `runs`.
+    The edit wave comes after the deletion, so the index asset's latest materialization (its
+    overview in the UI) is a live collection's: Dagster keeps a deleted partition's events."""
     coverage = progress.add_task("coverage complete", total=len(collections))
 
     def show_coverage() -> None:
@@ -306,28 +360,58 @@ def _drive_the_lanes(
     with phases.measure("coverage (sensor ticks)", runs):
         runner.run_lane(show_coverage_run)
     show_coverage()
-
+    with phases.measure(f"delete {DELETED_COLLECTION}", runs):
+        _delete_a_collection(engine, runner, record, progress)
     with phases.measure("edit wave", runs):
-        writes = sum(edit_wave(engine, collection) for collection in collections)
-        progress.console.print(f"Edit wave: {writes} content writes captured as work")
-        work = progress.add_task("edit wave projected", total=writes)
+        _edit_and_project(engine, runner, record, progress, edited_collections(collections))
+    with phases.measure("projection GC", runs):
+        _collect_projection_garbage(engine, runner, record, progress)
 
-        def show_work(run: Any) -> None:
-            record(run)
-            progress.update(work, completed=writes - _open_work(engine))
 
-        runner.run_lane(show_work)
+def _delete_a_collection(
+    engine: Engine, runner: Any, record: Callable[[Any], None], progress: Progress
+) -> None:
+    deletion = progress.add_task(f"delete {DELETED_COLLECTION}", total=1)
+    # Forced: the collection still has entries, which a plain request refuses.
+    request = {"collection": DELETED_COLLECTION, "force": True}
+    config = {"ops": {"request_deletion": {"config": request}}}
+    record(runner.launch("request_collection_deletion", config))
+    runner.run_lane(record)
+    record(runner.launch("media_usage_maintenance"))
+    progress.update(deletion, completed=int(_collection_gone(engine, DELETED_COLLECTION)))
+
+
+def _edit_and_project(
+    engine: Engine,
+    runner: Any,
+    record: Callable[[Any], None],
+    progress: Progress,
+    collections: Sequence[DemoCollection],
+) -> None:
+    writes = sum(edit_wave(engine, collection) for collection in collections)
+    progress.console.print(f"Edit wave: {writes} content writes captured as work")
+    work = progress.add_task("edit wave projected", total=writes)
+
+    def show_work(run: Any) -> None:
+        record(run)
         progress.update(work, completed=writes - _open_work(engine))
 
-    with phases.measure(f"delete {DELETED_COLLECTION}", runs):
-        deletion = progress.add_task(f"delete {DELETED_COLLECTION}", total=1)
-        # Forced: the collection still has entries, which a plain request refuses.
-        request = {"collection": DELETED_COLLECTION, "force": True}
-        config = {"ops": {"request_deletion": {"config": request}}}
-        record(runner.launch("request_collection_deletion", config))
-        runner.run_lane(record)
-        record(runner.launch("media_usage_maintenance"))
-        progress.update(deletion, completed=int(_collection_gone(engine, DELETED_COLLECTION)))
+    runner.run_lane(show_work)
+    progress.update(work, completed=writes - _open_work(engine))
+
+
+def _collect_projection_garbage(
+    engine: Engine, runner: Any, record: Callable[[Any], None], progress: Progress
+) -> None:
+    """The generations the edit wave replaced, backdated past the GC's safety window (else the
+    demo would wait an hour for them), then the sensors' rounds: the projection-GC sensor asks
+    for one pass, which also records the media library."""
+    aged = age_replaced_generations(engine)
+    progress.console.print(
+        f"Projection GC: {aged} occurrence rows of replaced generations backdated past the "
+        "safety window"
+    )
+    runner.run_lane(record)
 
 
 def _print_run(console: Console, run: Any) -> None:
@@ -376,7 +460,19 @@ def _report(engine: Engine, console: Console) -> int:
     )
     if incomplete:
         console.print(f"[red]coverage not complete:[/] {', '.join(incomplete)}")
+    _report_media_library(engine, console)
     return 1 if report.has_drift or not gone or incomplete else 0
+
+
+def _report_media_library(engine: Engine, console: Console) -> None:
+    found = media_library_summary(engine)
+    if found is None:
+        return
+    summary, _ = found
+    console.print(
+        f"media library: {summary.media} media, {summary.used} used, {summary.unused} unused "
+        f"({summary.reclaimable_bytes:,} bytes reclaimable): `media-usage unused` lists them"
+    )
 
 
 def _incomplete_collections(engine: Engine) -> list[str]:

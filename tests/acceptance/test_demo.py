@@ -6,6 +6,7 @@ re-execution with the default run launcher."""
 
 import io
 import itertools
+import re
 import time
 
 import click
@@ -15,18 +16,28 @@ from dagster._core.scheduler.instigation import TickStatus
 from dagster._daemon.types import DaemonHeartbeat
 from rich.console import Console
 
+from media_usage_orchestration.assets.index import MEDIA_USAGE_INDEX
+from media_usage_orchestration.assets.media_library import MEDIA_USAGE_MEDIA_LIBRARY
+from media_usage_orchestration.assets.projection_cleanup import MEDIA_USAGE_PROJECTION_CLEANUP
 from media_usage_orchestration.demo import (
     DELETED_COLLECTION,
     LOCAL_INSTANCE_MARKER,
     DemoCollection,
+    demo_media_library,
     run_demo,
 )
+from media_usage_orchestration.emdash_double.sample_content import UNUSED_UPLOADS
 from media_usage_orchestration.local.daemon_lane import LOCATION_NAME, SENSOR_ROUND_SECONDS
 from media_usage_orchestration.local.in_process_lane import LANE_SENSORS
 from media_usage_orchestration.local.instance_home import DEV_PID_FILE
 from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.sensors.projection_gc import media_usage_projection_gc_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.schema import missing_tables
+from media_usage_orchestration.store.coverage import read_collection_coverage
+from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.store.sources.usage import media_library
+from tests.support.cli import invoke_json
 from tests.support.demo import (
     REPOSITORY,
     dequeue_and_wait,
@@ -36,6 +47,9 @@ from tests.support.demo import (
     reexecute_all_steps,
     step_failures,
 )
+from tests.support.media_library import media_referenced_by_content
+from tests.support.projection_gc import non_current_occurrences
+from tests.support.sensor_loop import plain
 from tests.support.states import all_rows, snapshot
 
 SMALL = (
@@ -51,7 +65,11 @@ JOBS = {
     "request_collection_deletion",
     "media_usage_collection_deletion",
     "media_usage_maintenance",
+    "media_usage_projection_gc",
 }
+LIVE = {"articles", "pages"}
+# The demo's own sensors: the lane's, and the projection GC's.
+DEMO_SENSORS = (*LANE_SENSORS, media_usage_projection_gc_sensor)
 
 
 def _demo(db, home) -> tuple[int, str]:
@@ -94,6 +112,81 @@ def _assert_demo_outcome(db, home, code: int, output: str) -> None:
             assert {run.run_id for run in found} == {run.run_id for run in job_runs}
     assert (home / LOCAL_INSTANCE_MARKER).exists()
     assert "Demo phases" in output and "code server" in output
+    _assert_the_index_overview_is_a_live_collection(db, home)
+    _assert_one_projection_gc_pass_deleted_replaced_generations(db, home, output)
+    _assert_unused_lists_exactly_the_unreferenced_media(db, home)
+
+
+def _latest_materialization(home, key: dg.AssetKey) -> dg.EventLogEntry:
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        event = instance.get_latest_materialization_event(key)
+    assert event is not None, key
+    return event
+
+
+def _latest_metadata(home, key: dg.AssetKey) -> dict:
+    return plain(_latest_materialization(home, key).asset_materialization.metadata)
+
+
+def _assert_the_index_overview_is_a_live_collection(db, home) -> None:
+    """The asset's latest materialization (its overview in the UI) is a collection that exists,
+    with what its index holds now, not the deleted collection's last one."""
+    event = _latest_materialization(home, MEDIA_USAGE_INDEX)
+    slug = event.dagster_event.partition
+    assert slug in LIVE
+    metadata = plain(event.asset_materialization.metadata)
+    coverage = read_collection_coverage(db.engine, read_collection_id(db.engine, slug))
+    shown = {key: metadata[key] for key in ("coverage", "entries", "sources", "occurrences")}
+    assert shown == {
+        "coverage": "complete",
+        "entries": coverage.entries,
+        "sources": coverage.sources,
+        "occurrences": coverage.occurrences,
+    }
+
+
+def _assert_one_projection_gc_pass_deleted_replaced_generations(db, home, output: str) -> None:
+    [run] = _runs_by_job(home)["media_usage_projection_gc"]
+    assert run.tags["dagster/sensor_name"] == media_usage_projection_gc_sensor.name
+    aged = int(re.search(r"Projection GC: (\d+) occurrence rows", output).group(1))
+    cleanup = _latest_metadata(home, MEDIA_USAGE_PROJECTION_CLEANUP)
+    assert cleanup["outcome"] == "completed" and 0 < cleanup["deleted_rows"] <= aged
+    # The pass deleted only replaced generations: the current ones are all still there.
+    assert non_current_occurrences(db.engine) == aged - cleanup["deleted_rows"]
+
+
+def _unused_ids(db) -> list[str]:
+    """Every page of `media-usage unused`."""
+    ids: list[str] = []
+    cursor: tuple[str, ...] = ()
+    while True:
+        page = invoke_json(db, "unused", "--limit", "100", *cursor)
+        ids += [item["id"] for item in page["items"]]
+        if page["next_cursor"] is None:
+            return ids
+        cursor = ("--cursor", page["next_cursor"])
+
+
+def _assert_unused_lists_exactly_the_unreferenced_media(db, home) -> None:
+    """EmDash's media table holds the demo's library; `unused` lists exactly what no content
+    references now (read from the content, not the index); the media library asset recorded
+    the same numbers."""
+    rows = {row["id"]: row for row in all_rows(db.engine, media_library)}
+    library = {file.id for file in demo_media_library(SMALL)}
+    assert set(rows) == library
+    assert all(row["status"] == "ready" and row["size"] > 0 for row in rows.values())
+    unused = library - media_referenced_by_content(db.engine)
+    # Never used, the deleted collection's, and what the edit wave replaced or deleted.
+    assert {file.id for file in UNUSED_UPLOADS} < unused
+    assert {media_id[:4] for media_id in unused} == {"lib-", "pro-", "art-", "pag-"}
+    assert _unused_ids(db) == sorted(unused)
+    summary = _latest_metadata(home, MEDIA_USAGE_MEDIA_LIBRARY)
+    assert {key: summary[key] for key in ("media", "used", "unused", "reclaimable_bytes")} == {
+        "media": len(library),
+        "used": len(library) - len(unused),
+        "unused": len(unused),
+        "reclaimable_bytes": sum(rows[media_id]["size"] for media_id in unused),
+    }
 
 
 def _assert_make_dev_sees_the_demo(db, home, monkeypatch) -> None:
@@ -110,7 +203,7 @@ def _assert_make_dev_sees_the_demo(db, home, monkeypatch) -> None:
             context.create_request_context().get_code_location(LOCATION_NAME)
         ).get_repository(REPOSITORY)
         ticked_run_ids = set()
-        for sensor in LANE_SENSORS:
+        for sensor in DEMO_SENSORS:
             remote = repository.get_sensor(sensor.name)
             ticks = instance.get_ticks(remote.get_remote_origin_id(), remote.selector_id)
             assert TickStatus.SUCCESS in {tick.status for tick in ticks}, sensor.name

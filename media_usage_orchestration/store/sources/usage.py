@@ -48,7 +48,8 @@ from media_usage_orchestration.values.records import optional, record_from_row
 
 VARIANTS = ("columns", "draft_overlay")
 
-# EmDash core's media library (migration 001 and later), read only: the project never writes it.
+# EmDash core's media library (migration 001 and later), read only: the project never writes it
+# (the EmDash double's uploads do, in the demo and the tests).
 media_library = Table(
     "media",
     MetaData(),
@@ -56,9 +57,17 @@ media_library = Table(
     Column("filename", Text, nullable=False),
     Column("mime_type", Text, nullable=False),
     Column("size", Integer),
+    Column("width", Integer),
+    Column("height", Integer),
+    Column("alt", Text),
+    Column("caption", Text),
     Column("storage_key", Text, nullable=False),
-    Column("status", Text, nullable=False),
+    Column("content_hash", Text),
     Column("created_at", Text),
+    Column("author_id", Text),
+    Column("status", Text, nullable=False),
+    Column("blurhash", Text),
+    Column("dominant_color", Text),
 )
 
 
