@@ -82,6 +82,7 @@ DEMO = (
 JOB_PATH = f"{LOCATION_PATH}/jobs/{RECONCILIATION_JOB.name}"
 WORK_JOB = "media_usage_work"
 COMPLETED_TAG = COUNT_TAGS["completed"]
+MEDIA_LIBRARY_KEY = dg.AssetKey("media_usage_media_library")
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +143,22 @@ def test_a_demo_run_is_on_its_jobs_runs_tab_and_re_execute_all_succeeds(ui):
     assert (rerun.parent_run_id, rerun.tags[COLLECTION_TAG]) == (demo_run.run_id, "articles")
     # Coverage was already complete: the re-executed run had nothing to do, and says so.
     assert rerun.tags[OUTCOME_TAG] == "already_complete"
+
+
+# --- the demo's media library, with its unused count -------------------------------------------
+
+
+def test_the_demos_media_library_page_shows_its_unused_count(ui):
+    latest = ui.instance.get_latest_materialization_event(MEDIA_LIBRARY_KEY)
+    assert latest is not None, "the demo materializes the media library"
+    unused = latest.asset_materialization.metadata["unused"].value
+    assert unused > 0
+
+    with ui.page("media_library") as page:
+        page.goto(ui.url("/assets/media_usage_media_library"))
+        # The overview's metadata of the latest materialization: the key, then its value.
+        expect(page.get_by_text("unused", exact=True).first).to_be_visible()
+        expect(page.get_by_text(re.compile(f"^({unused:,}|{unused})$")).first).to_be_visible()
 
 
 # --- (b) an item failed for good fails the coverage check ------------------------------------
