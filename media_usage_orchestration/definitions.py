@@ -9,6 +9,7 @@ from media_usage_orchestration.assets.coverage_history import with_coverage_hist
 from media_usage_orchestration.assets.index import coverage_complete, media_usage_index
 from media_usage_orchestration.assets.media_library import media_usage_media_library
 from media_usage_orchestration.assets.projection_cleanup import media_usage_projection_cleanup
+from media_usage_orchestration.assets.queue import with_queue_assets
 from media_usage_orchestration.ops.claim_io import claim_io_manager
 from media_usage_orchestration.previews import SENSOR_OWNERS, accepting
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
@@ -45,6 +46,7 @@ defs = resolved(
             sensors.media_usage_reconciliation_sensor,
             sensors.media_usage_collection_deletion_sensor,
             sensors.media_usage_projection_gc_sensor,
+            sensors.media_usage_queue_sensor,
         ],
         schedules=[schedules.media_usage_maintenance_schedule],
         resources={
@@ -61,5 +63,6 @@ defs = resolved(
 @dg.definitions
 def media_usage_definitions() -> dg.Definitions:
     """What the code location loads (Dagster prefers this to `defs`): `defs` with one coverage
-    history asset per live collection, read from the registry once per load."""
-    return resolved(with_coverage_history(defs, MediaUsageDatabase()))
+    history asset per live collection, read from the registry once per load, and a queue asset
+    with its check beside each."""
+    return resolved(with_queue_assets(with_coverage_history(defs, MediaUsageDatabase())))

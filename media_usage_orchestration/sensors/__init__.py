@@ -7,12 +7,14 @@ due because its lease expired: the run that held it died or stalled, Dagster may
 
 from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
 from media_usage_orchestration.sensors.projection_gc import media_usage_projection_gc_sensor
+from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
 
 __all__ = [
     "media_usage_collection_deletion_sensor",
     "media_usage_projection_gc_sensor",
+    "media_usage_queue_sensor",
     "media_usage_reconciliation_sensor",
     "media_usage_work_sensor",
 ]
