@@ -8,7 +8,8 @@ entries, `--repeat` times in alternation (this machine's speed drifts by 10-15 %
 minutes, so one pair can differ by that much for no reason of its own; the targets are judged
 on each combination's median); 10 N entries with the driver and with Dagster on SQLite (and
 the driver on PostgreSQL unless `--no-large-postgres`); the drain with 2 workers on PostgreSQL
-against one; the work sensor's tick over `--tick-rows` generated work rows on both dialects.
+against one; the work and queue sensors' ticks over `--tick-rows` generated work rows on both
+dialects.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ TARGETS = {
     "tenfold_time_ratio": 11.0,
     "peak_rss_mb": 300.0,
     "tick_ms": 50.0,
+    "queue_probe_ms": 20.0,
     "drain_speedup": 1.7,
 }
 
@@ -212,6 +214,19 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
                 tick["probe_ms"],
                 f"<= {limit}",
                 tick["probe_ms"] <= limit,
+            )
+            queue_limit = TARGETS["queue_probe_ms"]
+            add(
+                f"{dialect} queue sensor probe ms ({rows})",
+                tick["queue_probe_ms"],
+                f"<= {queue_limit}",
+                tick["queue_probe_ms"] <= queue_limit,
+            )
+            add(
+                f"{dialect} queue sensor tick ms ({rows})",
+                tick["queue_tick_ms"],
+                f"<= {limit}",
+                tick["queue_tick_ms"] <= limit,
             )
     peaks = [record["peak_rss_mb"] for record in records.values() if "peak_rss_mb" in record]
     if peaks:

@@ -10,8 +10,8 @@ observed and when (database time).
 Completed work leaves nothing in the database (a completed work row is deleted, and the status
 row keeps only the time of the last success), so "completed in the last 5 minutes" is what
 Dagster recorded: the `media_usage/completed` counts of the collection's work runs that ended
-in the last 5 minutes (their `media_usage/collection` tag says which collection), on Dagster's
-clock. Items completed elsewhere (a reconciliation's drain, EmDash's own lane) are not in it.
+in the last 5 minutes (last updated then, on Dagster's clock; their `media_usage/collection`
+tag says which collection). Items completed elsewhere (a reconciliation's drain, EmDash's own lane) are not in it.
 """
 
 import hashlib
@@ -117,19 +117,18 @@ def observed_before(cursor: str | None) -> Observed:
 
 
 def completed_by_collection(instance: dg.DagsterInstance) -> Counter[str]:
-    """Items each collection's work runs completed, over the runs that ended in the last 5
-    minutes (their completed-count tag, written as the run's final word)."""
+    """Items each collection's work runs completed, over the runs last updated in the last 5
+    minutes: their completed-count tag is written as the run's final word, just before it
+    ends. (Run records would give the end time, but read the run table's columns on every
+    call.)"""
     since = datetime.now(UTC) - timedelta(seconds=COMPLETED_WINDOW_SECONDS)
-    records = instance.get_run_records(
+    runs = instance.get_runs(
         filters=dg.RunsFilter(job_name=media_usage_work.name, updated_after=since),
         limit=MAX_RECENT_WORK_RUNS,
     )
     completed: Counter[str] = Counter()
-    for record in records:
-        if record.end_time is None or record.end_time < since.timestamp():
-            continue
-        tags = record.dagster_run.tags
-        slug, count = tags.get(COLLECTION_TAG), tags.get(COUNT_TAGS["completed"], "")
+    for run in runs:
+        slug, count = run.tags.get(COLLECTION_TAG), run.tags.get(COUNT_TAGS["completed"], "")
         if slug and count.isdigit():
             completed[slug] += int(count)
     return completed

@@ -39,7 +39,7 @@ from media_usage_orchestration.store.probes import first_due_row
 from media_usage_orchestration.store.registry import RegisteredCollection
 from media_usage_orchestration.store.work import OperatorWorkItem, WorkRepository
 
-COUNT_LIMIT = 1000
+COUNT_LIMIT = 500
 MAX_QUEUE_COLLECTIONS = 100
 FAILED_ITEMS_SHOWN = 20
 QUEUE_COUNTS = ("due", "backing_off", "leased", "stuck", "failed")
