@@ -86,7 +86,9 @@ def with_queue_assets(base: dg.Definitions) -> dg.Definitions:
         can_subset=True,
         description="Evaluate queue_healthy now, from the database.",
     )(_queue_healthy_now)
-    return dg.Definitions.merge(base, dg.Definitions(assets=queue_specs(slugs), asset_checks=[checks]))
+    return dg.Definitions.merge(
+        base, dg.Definitions(assets=queue_specs(slugs), asset_checks=[checks])
+    )
 
 
 def _queue_healthy_now(
@@ -201,7 +203,13 @@ def _yaml_character(character: str) -> str:
     if character.isprintable():
         return character
     code = ord(character)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
 
 
 def _code(text: str) -> str:

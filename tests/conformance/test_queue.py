@@ -163,7 +163,7 @@ def test_deleted_and_tombstoned_collections_have_no_queue(db, collections):
 def test_a_count_stops_at_its_limit_and_says_which_counts_are_not_exact(db, collections):
     alpha = collections["alpha"]
     rows = [{"content_id": f"entry-{index:05d}"} for index in range(COUNT_LIMIT + 5)]
-    insert_works(db.engine, rows + [{"content_id": "z-held", **leased()}], **of(alpha))
+    insert_works(db.engine, [*rows, {"content_id": "z-held", **leased()}], **of(alpha))
 
     queue = _queues(db)["alpha"]
 

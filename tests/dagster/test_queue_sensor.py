@@ -79,9 +79,7 @@ def table_rows(markdown: str) -> list[list[str]]:
     """The body rows of a Markdown table, each cell as shown: a code span's text, its escaped
     pipes unescaped."""
     rows = [line for line in markdown.splitlines() if line.startswith("|")][2:]
-    return [
-        [_shown(cell) for cell in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in rows
-    ]
+    return [[_shown(cell) for cell in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in rows]
 
 
 def _shown(cell: str) -> str:
@@ -122,7 +120,9 @@ def test_a_tick_observes_every_live_queue_and_evaluates_its_check_without_a_run(
     observed = observations(data)
     assert sorted(observed) == ["alpha", "beta"]
     numbers = observed["alpha"]
-    assert {name: numbers[name] for name in ("due", "backing_off", "leased", "stuck", "failed")} == {
+    assert {
+        name: numbers[name] for name in ("due", "backing_off", "leased", "stuck", "failed")
+    } == {
         "due": 2,
         "backing_off": 0,
         "leased": 1,
@@ -199,9 +199,7 @@ def test_a_cursor_the_sensor_did_not_write_observes_everything(db, instance, alp
     assert sorted(observations(data)) == ["alpha", "beta"]
 
 
-def test_the_retry_config_in_the_table_reopens_the_item_and_the_check_passes(
-    db, instance, alpha
-):
+def test_the_retry_config_in_the_table_reopens_the_item_and_the_check_passes(db, instance, alpha):
     first = tick(db, instance)
     [row] = table_rows(observations(first)["alpha"]["failed_items"])
     run_config = yaml.safe_load(row[4])
