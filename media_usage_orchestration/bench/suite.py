@@ -201,33 +201,16 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
             add(f"{dialect} 10x entries time ratio", ratio, f"<= {limit}", ratio <= limit)
         tick = records.get(f"{dialect} tick")
         if tick:
-            limit = TARGETS["tick_ms"]
             rows = f"{tick['work_rows']:,} rows"
-            add(
-                f"{dialect} work sensor tick ms ({rows})",
-                tick["tick_ms"],
-                f"<= {limit}",
-                tick["tick_ms"] <= limit,
-            )
-            add(
-                f"{dialect} work sensor probe ms ({rows})",
-                tick["probe_ms"],
-                f"<= {limit}",
-                tick["probe_ms"] <= limit,
-            )
-            queue_limit = TARGETS["queue_probe_ms"]
-            add(
-                f"{dialect} queue sensor probe ms ({rows})",
-                tick["queue_probe_ms"],
-                f"<= {queue_limit}",
-                tick["queue_probe_ms"] <= queue_limit,
-            )
-            add(
-                f"{dialect} queue sensor tick ms ({rows})",
-                tick["queue_tick_ms"],
-                f"<= {limit}",
-                tick["queue_tick_ms"] <= limit,
-            )
+            for what, name, target in (
+                ("work sensor tick", "tick_ms", "tick_ms"),
+                ("work sensor probe", "probe_ms", "tick_ms"),
+                ("queue sensor probe", "queue_probe_ms", "queue_probe_ms"),
+                ("queue sensor tick", "queue_tick_ms", "tick_ms"),
+            ):
+                limit = TARGETS[target]
+                value = tick[name]
+                add(f"{dialect} {what} ms ({rows})", value, f"<= {limit}", value <= limit)
     peaks = [record["peak_rss_mb"] for record in records.values() if "peak_rss_mb" in record]
     if peaks:
         limit = TARGETS["peak_rss_mb"]
