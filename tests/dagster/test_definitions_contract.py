@@ -131,7 +131,8 @@ def test_the_reconciliation_graph_hands_the_claim_through_named_outputs():
 
 def test_sensor_schedule_resource_and_partition_names():
     assert {
-        sensor.name: (sensor.job_name, sensor.minimum_interval_seconds) for sensor in defs.sensors
+        sensor.name: (sensor.job_name if sensor.has_jobs else None, sensor.minimum_interval_seconds)
+        for sensor in defs.sensors
     } == SENSORS
     assert {
         schedule.name: (schedule.job_name, schedule.cron_schedule, schedule.execution_timezone)
