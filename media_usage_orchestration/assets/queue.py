@@ -20,7 +20,12 @@ import dagster as dg
 
 from media_usage_orchestration.assets.coverage_history import COVERAGE_HISTORY_GROUP
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.queue import COUNT_LIMIT, WorkQueue, read_work_queues
+from media_usage_orchestration.store.queue import (
+    COUNT_LIMIT,
+    MAX_QUEUE_COLLECTIONS,
+    WorkQueue,
+    read_work_queues,
+)
 
 QUEUE_GROUP = "media_usage_queue"
 QUEUE_CHECK = "queue_healthy"
@@ -104,7 +109,8 @@ def _queue_healthy_now(
                 check_name=QUEUE_CHECK,
                 passed=False,
                 severity=dg.AssetCheckSeverity.ERROR,
-                description=f"no live collection {slug!r}",
+                description=f"{slug!r} is not a live collection (or not among the first "
+                f"{MAX_QUEUE_COLLECTIONS} by slug, whose queues are read)",
             )
             continue
         evaluation = queue_check_evaluation(queue)

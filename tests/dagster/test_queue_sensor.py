@@ -252,6 +252,24 @@ def test_a_count_at_its_limit_is_named_inexact(db, instance):
     assert (numbers["due"], numbers["inexact_counts"]) == (COUNT_LIMIT + 1, "due")
 
 
+def test_a_deletion_request_wipes_the_collections_queue_asset(db, instance, alpha):
+    tick(db, instance)
+    assert queue_key("alpha") in instance.all_asset_keys()
+
+    result = jobs.request_collection_deletion.execute_in_process(
+        run_config={
+            "ops": {"request_deletion": {"config": {"collection": "alpha", "force": True}}}
+        },
+        instance=instance,
+        resources=resources(db),
+    )
+
+    assert result.success
+    assert queue_key("alpha") not in instance.all_asset_keys()
+    assert queue_key("beta") in instance.all_asset_keys()
+    assert sorted(observations(tick(db, instance))) == ["beta"]
+
+
 def test_a_database_without_the_schema_gets_the_setup_step(empty_db, instance):
     data = tick(empty_db, instance)
 
