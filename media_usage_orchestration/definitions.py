@@ -9,6 +9,7 @@ from media_usage_orchestration.assets.coverage_history import with_coverage_hist
 from media_usage_orchestration.assets.index import coverage_complete, media_usage_index
 from media_usage_orchestration.assets.media_library import media_usage_media_library
 from media_usage_orchestration.assets.projection_cleanup import media_usage_projection_cleanup
+from media_usage_orchestration.assets.queue import with_queue_assets
 from media_usage_orchestration.ops.claim_io import claim_io_manager
 from media_usage_orchestration.previews import SENSOR_OWNERS, accepting
 from media_usage_orchestration.resources.automation import (
@@ -50,6 +51,7 @@ defs = resolved(
             sensors.media_usage_projection_gc_sensor,
             sensors.media_usage_alert_sensor,
             sensors.media_usage_scrubber_sensor,
+            sensors.media_usage_queue_sensor,
         ],
         schedules=[schedules.media_usage_maintenance_schedule],
         resources={
@@ -66,5 +68,6 @@ defs = resolved(
 @dg.definitions
 def media_usage_definitions() -> dg.Definitions:
     """What the code location loads (Dagster prefers this to `defs`): `defs` with one coverage
-    history asset per live collection, read from the registry once per load."""
-    return resolved(with_coverage_history(defs, MediaUsageDatabase()))
+    history asset per live collection, read from the registry once per load, and a queue asset
+    with its check beside each."""
+    return resolved(with_queue_assets(with_coverage_history(defs, MediaUsageDatabase())))

@@ -24,6 +24,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster._core.execution.context.invocation import BaseDirectExecutionContext
 
 from media_usage_orchestration.assets.coverage_history import coverage_history_key
+from media_usage_orchestration.assets.queue import queue_key
 from media_usage_orchestration.ops.run_tags import tag_run_outcome
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.previews import PARTITIONED_ASSET_CHECK, accepting
@@ -149,13 +150,13 @@ def record_collection_by_slug(
 def forget_deleted_collection(context: dg.OpExecutionContext, engine: Engine, slug: str) -> bool:
     """Once the registry has no collection `slug`, remove its partition, so the asset's
     partition views and the check's partitions no longer show it, and wipe its coverage
-    history asset. True when the partition was removed."""
+    history and queue assets. True when the partition was removed."""
     instance = context.instance
     if read_collection_id(engine, slug) is not None:
         return False
     # The catalog lists every key with stored events, defined or not: wiped, the asset's key
     # leaves it once the code location reloads without it.
-    instance.wipe_assets([coverage_history_key(slug)])
+    instance.wipe_assets([coverage_history_key(slug), queue_key(slug)])
     if not instance.has_dynamic_partition(media_usage_collections.name, slug):
         return False
     instance.delete_dynamic_partition(media_usage_collections.name, slug)

@@ -141,6 +141,11 @@ def bench(
             f"work sensor over {record['work_rows']:,} rows ({record['dialect']}): probe "
             f"{record['probe_ms']} ms, tick {record['tick_ms']} ms (max {record['tick_max_ms']})"
         )
+        console.print(
+            f"queue sensor over {record['work_rows']:,} rows ({record['dialect']}): probe "
+            f"{record['queue_probe_ms']} ms, tick {record['queue_tick_ms']} ms "
+            f"(max {record['queue_tick_max_ms']})"
+        )
         record["peak_rss_mb"] = round(peak_rss_mb(), 1)
         click.echo(json.dumps(record))
         return

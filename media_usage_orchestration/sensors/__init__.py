@@ -11,6 +11,7 @@ and posts to a webhook when one turns failing or recovers."""
 from media_usage_orchestration.sensors.alerts import media_usage_alert_sensor
 from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
 from media_usage_orchestration.sensors.projection_gc import media_usage_projection_gc_sensor
+from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
 from media_usage_orchestration.sensors.scrubber import media_usage_scrubber_sensor
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
@@ -19,6 +20,7 @@ __all__ = [
     "media_usage_alert_sensor",
     "media_usage_collection_deletion_sensor",
     "media_usage_projection_gc_sensor",
+    "media_usage_queue_sensor",
     "media_usage_reconciliation_sensor",
     "media_usage_scrubber_sensor",
     "media_usage_work_sensor",

@@ -84,7 +84,7 @@ class CollectionDueWork:
     lease_expired: bool
 
 
-def _first_due(state: LeaseState, collection_id) -> Select:
+def first_due_row(state: LeaseState, collection_id) -> Select:
     """The first claimable row of one state of one collection, as `due|content|version` text,
     through the index the batch claim walks for that state: the operator index (collection,
     state, updated_at) for pending rows, due from the moment they were written; the due and
@@ -140,7 +140,7 @@ def _due_work_by_collection_statement(limit: int):
         select(
             collection.label("collection_id"),
             slug.label("collection_slug"),
-            *(_first_due(state, collection).label(state.value) for state in _DUE_WORK_STATES),
+            *(first_due_row(state, collection).label(state.value) for state in _DUE_WORK_STATES),
         )
         .where(collection.is_not(None))
         .order_by(collection)

@@ -128,7 +128,7 @@ def test_profile_writes_a_cprofile_and_prints_its_top_functions(tmp_path):
     assert "run_to_completion" in result.output
 
 
-def test_the_tick_bench_times_the_work_sensor_over_generated_rows(server):
+def test_the_tick_bench_times_the_work_and_queue_sensors_over_generated_rows(server):
     result = invoke("--workload", "tick", "--entries", "400", *server)
 
     assert result.exit_code == 0, result.output
@@ -136,6 +136,10 @@ def test_the_tick_bench_times_the_work_sensor_over_generated_rows(server):
     assert report["workload"] == "tick" and report["work_rows"] == 400
     assert 0 < report["probe_ms"] <= report["probe_max_ms"]
     assert 0 < report["tick_ms"] <= report["tick_max_ms"]
+    assert 0 < report["queue_probe_ms"] <= report["queue_probe_max_ms"]
+    assert 0 < report["queue_tick_ms"] <= report["queue_tick_max_ms"]
+    assert (report["tick_bound_ms"], report["queue_bound_ms"]) == (50.0, 20.0)
+    assert "queue sensor over 400 rows" in result.output
 
 
 def test_the_scrub_bench_times_the_scrubbers_slices_over_reconciled_entries(server):
@@ -237,7 +241,14 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
             measured("sqlite driver 10x", seconds=23.0, entries_per_second=2170.0),
             measured("sqlite dagster 10x", seconds=23.4, entries_per_second=2140.0),
             measured("postgresql 2 workers", drain_speedup=1.5),
-            measured("sqlite tick", work_rows=10, tick_ms=40.0, probe_ms=3.0),
+            measured(
+                "sqlite tick",
+                work_rows=10,
+                tick_ms=40.0,
+                probe_ms=3.0,
+                queue_probe_ms=25.0,
+                queue_tick_ms=45.0,
+            ),
         ]
     )
 
@@ -249,6 +260,8 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
         "sqlite 10x entries time ratio": (10.45, True),
         "sqlite work sensor tick ms (10 rows)": (40.0, True),
         "sqlite work sensor probe ms (10 rows)": (3.0, True),
+        "sqlite queue sensor probe ms (10 rows)": (25.0, False),
+        "sqlite queue sensor tick ms (10 rows)": (45.0, True),
         "peak RSS MB (largest)": (100.0, True),
         "postgresql drain, 2 workers over 1": (1.5, False),
     }

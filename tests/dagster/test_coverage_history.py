@@ -58,7 +58,8 @@ def _load(monkeypatch, url: str):
 
 
 def _history_keys(repository) -> set[dg.AssetKey]:
-    return set(repository.asset_graph.get_all_asset_keys()) - BASE_KEYS
+    added = set(repository.asset_graph.get_all_asset_keys()) - BASE_KEYS
+    return {key for key in added if key.path[0] == COVERAGE_HISTORY_GROUP}
 
 
 def _unreadable(url: str):

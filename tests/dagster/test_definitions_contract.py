@@ -62,6 +62,7 @@ SENSORS = {
     "media_usage_alert_sensor": (None, 30),
     "media_usage_collection_deletion_sensor": ("media_usage_collection_deletion", 30),
     "media_usage_projection_gc_sensor": ("media_usage_projection_gc", 60),
+    "media_usage_queue_sensor": (None, 30),  # observes the queue assets, launches no run
     "media_usage_reconciliation_sensor": ("media_usage_reconciliation", 30),
     "media_usage_work_sensor": ("media_usage_work", 3),
     # Launches no runs: it reports check evaluations and reopens work the work sensor runs.

@@ -14,12 +14,16 @@ SQLite has one clock (`'now'` is stable within a statement).
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import Boolean, Integer, String, literal
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
 MAX_PORTABLE_DURATION_SECONDS = 365 * 24 * 60 * 60
+# The sortable text as Python reads it back (`%f` takes the milliseconds).
+TIMESTAMP_TEXT_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 SQLITE_FORMAT = "%Y-%m-%dT%H:%M:%fZ"
 POSTGRES_FORMAT = 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'
@@ -143,3 +147,14 @@ def lease_live_at_clock(column: ColumnElement) -> ColumnElement[bool]:
 def is_due_at_clock(column: ColumnElement) -> ColumnElement[bool]:
     """`column <= now` on the wall clock (the activation lease's takeover check)."""
     return ~_clock_lease_live(column)
+
+
+def seconds_between(earlier: str, later: str) -> float | None:
+    """How many seconds separate two timestamps the database wrote (both read from it, so the
+    difference is database time); None when either is not the sortable text (a legacy
+    `CURRENT_TIMESTAMP` default)."""
+    try:
+        start, end = (datetime.strptime(value, TIMESTAMP_TEXT_FORMAT) for value in (earlier, later))
+    except (TypeError, ValueError):
+        return None
+    return (end - start).total_seconds()

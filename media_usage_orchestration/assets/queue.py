@@ -1,0 +1,242 @@
+"""The work queue in the UI: one observable asset `media_usage_queue/<slug>` per live
+collection, beside its coverage history asset, and the check `queue_healthy` on each.
+
+No run observes them: the queue sensor (`sensors/queue.py`) reads every live collection's queue
+(`store/queue.py`) and reports an observation and a check evaluation for each collection whose
+numbers changed, and for each at least every few minutes. One unpartitioned asset per
+collection, as for the coverage history: Dagster 1.13 plots an asset's numeric metadata over
+time on its own Plots view, and the check needs no partition (a partitioned check is still a
+preview feature).
+
+The assets are declared for the collections that have a coverage history asset
+(`coverage_history.py`): the registry is read once per code-location load, and run workers
+rebuild both from the slugs that load stored. A collection created since the load is observed
+all the same; its asset joins the definitions at the next load ("Reload definitions").
+"""
+
+from collections.abc import Iterator, Sequence
+
+import dagster as dg
+
+from media_usage_orchestration.assets.coverage_history import COVERAGE_HISTORY_GROUP
+from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.queue import (
+    COUNT_LIMIT,
+    MAX_QUEUE_COLLECTIONS,
+    WorkQueue,
+    read_work_queues,
+)
+
+QUEUE_GROUP = "media_usage_queue"
+QUEUE_CHECK = "queue_healthy"
+COMPLETED_WINDOW_SECONDS = 300
+COMPLETED_METADATA = "completed_last_5_minutes"
+# The Launchpad config of `retry_media_usage_work` (`jobs.py`, op `ops/operator.py:
+# reopen_failed_work`, config `RetryFailedWorkConfig`) that reopens one entry's work.
+RETRY_JOB = "retry_media_usage_work"
+RETRY_OP = "reopen_failed_work"
+
+
+def queue_key(slug: str) -> dg.AssetKey:
+    return dg.AssetKey([QUEUE_GROUP, slug])
+
+
+def queue_specs(slugs: Sequence[str]) -> list[dg.AssetSpec]:
+    return [
+        dg.AssetSpec(
+            queue_key(slug),
+            group_name=QUEUE_GROUP,
+            kinds={"sql"},
+            description=f"The work queue of the collection {slug!r}, observed by the sensor "
+            "media_usage_queue_sensor when its numbers change and at least every 5 minutes "
+            "(no run): due, backing_off, leased, stuck and failed items, lag_seconds (how long "
+            "the first due item has waited, database time) and completed_last_5_minutes; the "
+            "newest failed items with the Launchpad config that retries each. Counts stop at "
+            f"{COUNT_LIMIT:,} rows of a state (inexact_counts names them).",
+        )
+        for slug in slugs
+    ]
+
+
+def queue_check_specs(slugs: Sequence[str]) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec(
+            QUEUE_CHECK,
+            asset=queue_key(slug),
+            description="Fails (ERROR) while any work item of the collection failed for good "
+            "or is stuck behind an expired lease; the queue sensor evaluates it with every "
+            "observation, executing it here reads the database now.",
+        )
+        for slug in slugs
+    ]
+
+
+def queue_slugs(definitions: dg.Definitions) -> list[str]:
+    """The collections `definitions` declares a coverage history asset for."""
+    return sorted(
+        asset.key.path[1]
+        for asset in definitions.assets or ()
+        if isinstance(asset, dg.AssetSpec) and asset.key.path[0] == COVERAGE_HISTORY_GROUP
+    )
+
+
+def with_queue_assets(base: dg.Definitions) -> dg.Definitions:
+    """`base` with a queue asset and its check beside each coverage history asset."""
+    slugs = queue_slugs(base)
+    if not slugs:
+        return base
+    checks = dg.multi_asset_check(
+        name="media_usage_queue_checks",
+        specs=queue_check_specs(slugs),
+        can_subset=True,
+        description="Evaluate queue_healthy now, from the database.",
+    )(_queue_healthy_now)
+    return dg.Definitions.merge(
+        base, dg.Definitions(assets=queue_specs(slugs), asset_checks=[checks])
+    )
+
+
+def _queue_healthy_now(
+    context: dg.AssetCheckExecutionContext, database: MediaUsageDatabase
+) -> Iterator[dg.AssetCheckResult]:
+    queues = {queue.collection_slug: queue for queue in read_work_queues(database.engine).queues}
+    for key in context.selected_asset_check_keys:
+        slug = key.asset_key.path[1]
+        queue = queues.get(slug)
+        if queue is None:
+            yield dg.AssetCheckResult(
+                asset_key=key.asset_key,
+                check_name=QUEUE_CHECK,
+                passed=False,
+                severity=dg.AssetCheckSeverity.ERROR,
+                description=f"{slug!r} is not a live collection (or not among the first "
+                f"{MAX_QUEUE_COLLECTIONS} by slug, whose queues are read)",
+            )
+            continue
+        evaluation = queue_check_evaluation(queue)
+        yield dg.AssetCheckResult(
+            asset_key=key.asset_key,
+            check_name=QUEUE_CHECK,
+            passed=evaluation.passed,
+            severity=evaluation.severity,
+            description=evaluation.description,
+            metadata=evaluation.metadata,
+        )
+
+
+# --- the sensor's events ------------------------------------------------------------------------
+
+
+def queue_observation(queue: WorkQueue, completed: int) -> dg.AssetObservation:
+    metadata: dict[str, dg.MetadataValue] = {
+        name: dg.MetadataValue.int(value) for name, value in queue.counts().items()
+    }
+    metadata["lag_seconds"] = dg.MetadataValue.float(queue.lag_seconds)
+    metadata[COMPLETED_METADATA] = dg.MetadataValue.int(completed)
+    metadata["failed_items"] = dg.MetadataValue.md(failed_items_markdown(queue))
+    metadata["inexact_counts"] = dg.MetadataValue.text(", ".join(queue.inexact) or "-")
+    metadata["collection_id"] = dg.MetadataValue.text(queue.collection_id)
+    return dg.AssetObservation(asset_key=queue_key(queue.collection_slug), metadata=metadata)
+
+
+def queue_check_evaluation(queue: WorkQueue) -> dg.AssetCheckEvaluation:
+    problems = []
+    if queue.failed:
+        problems.append(f"{queue.failed} failed work item(s) wait for an operator's retry")
+    if queue.stuck:
+        problems.append(f"{queue.stuck} stuck work item(s) (lease expired)")
+    return dg.AssetCheckEvaluation(
+        asset_key=queue_key(queue.collection_slug),
+        check_name=QUEUE_CHECK,
+        passed=queue.healthy,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description="; ".join(problems) or "no failed and no stuck work",
+        metadata={
+            "failed": dg.MetadataValue.int(queue.failed),
+            "stuck": dg.MetadataValue.int(queue.stuck),
+        },
+    )
+
+
+# --- the failed items' table --------------------------------------------------------------------
+
+
+def failed_items_markdown(queue: WorkQueue) -> str:
+    """The newest failed items, one row each, with the run config (YAML, one line) that
+    retries the item from the Launchpad of `retry_media_usage_work`."""
+    if not queue.failed_items:
+        return "No failed work."
+    lines = [
+        f"| content id | error code | attempts | last attempt | `{RETRY_JOB}` run config |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for item in queue.failed_items:
+        config = retry_run_config(queue.collection_slug, item.content_id)
+        cells = (
+            _code(item.content_id),
+            _code(item.last_error_code or "-"),
+            str(item.attempt_count),
+            _code(item.last_attempted_at or "-"),
+            _code(config),
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    if queue.failed > len(queue.failed_items):
+        lines.append("")
+        lines.append(
+            f"The {len(queue.failed_items)} newest of {queue.failed} failed items; "
+            f"`media-usage work list --collection {queue.collection_slug} --state failed` lists "
+            "them all."
+        )
+    return "\n".join(lines)
+
+
+def retry_run_config(slug: str, content_id: str) -> str:
+    """YAML (one flow mapping) of the run config that retries one entry's work."""
+    config = f"{{collection: {_yaml_quoted(slug)}, content_id: {_yaml_quoted(content_id)}}}"
+    return f"ops: {{{RETRY_OP}: {{config: {config}}}}}"
+
+
+def _yaml_quoted(text: str) -> str:
+    """A YAML double-quoted scalar of exactly `text`: quote and backslash escaped, every
+    character that is not printable as its escape (YAML readers refuse raw control
+    characters, and a line break would end the table row)."""
+    return '"' + "".join(_yaml_character(character) for character in text) + '"'
+
+
+def _yaml_character(character: str) -> str:
+    if character in '"\\':
+        return "\\" + character
+    if character.isprintable():
+        return character
+    code = ord(character)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
+
+
+def _code(text: str) -> str:
+    """`text` as a Markdown code span inside a table cell: shown literally, a pipe escaped (the
+    table reads it before the span), control characters as escapes."""
+    visible = "".join(
+        character if character.isprintable() else character.encode("unicode_escape").decode()
+        for character in text
+    ).replace("|", "\\|")
+    fence = "`" * (_longest_backtick_run(visible) + 1)
+    # A span's one leading and trailing space is not shown when it has both: padding keeps
+    # a backtick apart from the fence, and a value's own outer spaces.
+    ends = (visible[:1], visible[-1:])
+    padded = "`" in ends or ends == (" ", " ")
+    padding = " " if padded else ""
+    return f"{fence}{padding}{visible}{padding}{fence}"
+
+
+def _longest_backtick_run(text: str) -> int:
+    longest = run = 0
+    for character in text:
+        run = run + 1 if character == "`" else 0
+        longest = max(longest, run)
+    return longest
