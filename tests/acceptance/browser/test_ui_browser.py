@@ -28,6 +28,8 @@ from playwright.sync_api import Page, expect, sync_playwright
 from rich.console import Console
 
 from media_usage_orchestration.assets.coverage_history import coverage_history_key
+from media_usage_orchestration.assets.queue import queue_key
+from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.demo import DELETED_COLLECTION, DemoCollection, run_demo
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
@@ -37,6 +39,7 @@ from media_usage_orchestration.ops.work import COUNT_TAGS
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
+from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
 from media_usage_orchestration.store.registry import read_collection_id
 from tests.dagster.test_coverage_check import SHOWN
@@ -180,6 +183,39 @@ def test_an_item_failed_for_good_shows_the_coverage_check_failed_on_the_checks_t
             "href", re.compile(f"^/runs/{work.run_id}")
         )
         expect(page.get_by_text(f"failed work item(s): {RESOURCE_LIMIT}: 1")).to_be_visible()
+
+
+def _observe_the_queues(ui: DemoUi) -> None:
+    """One queue sensor tick, its events stored as the sensor daemon stores them."""
+    url = ui.engine.url.render_as_string(hide_password=False)
+    resources = {"database": MediaUsageDatabase.for_url(url), "automation": MediaUsageAutomation()}
+    with dg.build_sensor_context(
+        instance=ui.instance, resources=resources, definitions=defs
+    ) as context:
+        data = media_usage_queue_sensor.evaluate_tick(context)
+    assert data.asset_events, data.skip_message
+    for event in data.asset_events:
+        ui.instance.report_runless_asset_event(event)
+
+
+def test_an_item_failed_for_good_is_in_its_queue_assets_table_and_fails_its_check(ui):
+    # Test (b) left `pages` with its oversized entry failed for good.
+    _observe_the_queues(ui)
+    observed = ui.instance.fetch_observations(queue_key("pages"), limit=1).records
+    assert observed[0].asset_observation.metadata["failed"].value == 1
+
+    with ui.page("queue_failed_item") as page:
+        page.goto(ui.url("/assets/media_usage_queue/pages"))
+        expect(page.get_by_text("failed_items", exact=True).first).to_be_visible()
+        show = page.get_by_text("[Show Markdown]")
+        if show.count():
+            show.first.click()
+        expect(page.get_by_text("oversized").first).to_be_visible()
+        expect(page.get_by_text(RESOURCE_LIMIT).first).to_be_visible()
+        page.keyboard.press("Escape")
+        page.goto(ui.url("/assets/media_usage_queue/pages?view=checks"))
+        expect(page.get_by_text("queue_healthy").first).to_be_visible()
+        expect(_field(page, "Evaluation result")).to_contain_text("Failed")
 
 
 def _field(page: Page, label: str):
