@@ -62,7 +62,11 @@ from media_usage_orchestration.processing.projection import (
 from media_usage_orchestration.processing.retry_policy import WORK_RETRY
 from media_usage_orchestration.store import status as status_store
 from media_usage_orchestration.store.activation import capture_active
-from media_usage_orchestration.store.core.engine import Engine, read_transaction
+from media_usage_orchestration.store.core.engine import (
+    Engine,
+    read_transaction,
+    single_statement,
+)
 from media_usage_orchestration.store.registry import read_collection_identity_exists
 from media_usage_orchestration.store.work import WorkRecord, WorkRepository
 
@@ -217,10 +221,9 @@ def process_claimed(
     if refresh.success:
         if not repository.complete_work(lease):
             return WorkOutcome.SUPERSEDED
-        with engine.begin() as connection:
-            status_store.record_incremental_success(
-                connection, claimed.collection_id, claimed.collection_slug
-            )
+        status_store.record_incremental_success(
+            engine, claimed.collection_id, claimed.collection_slug
+        )
         return WorkOutcome.COMPLETED
     if not _identity_is_current(engine, claimed):
         return _discard(repository, claimed)
@@ -253,7 +256,7 @@ def _record_failure(
         return WorkOutcome.SUPERSEDED
     if not repository.fail_work(lease, error_code):
         return WorkOutcome.SUPERSEDED
-    with engine.begin() as connection:
+    with single_statement(engine) as connection:
         status_store.record_incremental_failure(
             connection,
             claimed.collection_id,
@@ -401,10 +404,9 @@ class _Batch:
         completed = self.repository.complete_work_batch([record.lease for record in records])
         if completed:
             first = records[0]
-            with self.engine.begin() as connection:
-                status_store.record_incremental_success(
-                    connection, first.collection_id, first.collection_slug
-                )
+            status_store.record_incremental_success(
+                self.engine, first.collection_id, first.collection_slug
+            )
         return [
             WorkOutcome.COMPLETED
             if (record.collection_id, record.content_id) in completed

@@ -1,16 +1,19 @@
 """Canonical source projection for many sources of one collection at once.
 
 The single-row protocol (`source_writes.SourceRepository`) writes each source in transactions
-of its own; `write_collection_batch` writes a batch in one transaction and a fixed number of
-statements, with the rows bound as JSON relations (`JsonRows`). The single-row functions and
-methods that the docstrings below name are those of `source_writes`.
+of its own; `write_collection_batch` writes a batch the same way in a fixed number of
+statements, with the rows bound as JSON relations (`JsonRows`): the write leases in one
+statement, the publications and removals in one transaction, the lease release in one
+statement. The single-row functions and methods that the docstrings below name are those of
+`source_writes`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -29,9 +32,11 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from media_usage_orchestration.store.core.clock import lease_live_at_clock, timestamp_offset
+from media_usage_orchestration.store.core.engine import single_statement
 from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.predicates import registry_identity_is_current
 from media_usage_orchestration.store.core.schema import (
@@ -62,6 +67,8 @@ from media_usage_orchestration.values.source_records import (
     occurrence_rows,
     published_values,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,16 +109,32 @@ def write_collection_batch(
     removals: Sequence[Removal] = (),
 ) -> BatchWriteResult:
     """`replace_source_if_matching` and the guarded deletes for many canonical sources of
-    one collection, in one transaction and a fixed number of statements: every row keeps
-    its own guards (its write lease, its expected columns, its content row), so each row
-    lands or not exactly as it would alone."""
+    one collection, in a fixed number of statements: every row keeps its own guards (its
+    write lease, its expected columns, its content row), so each row lands or not exactly as
+    it would alone.
+
+    As one by one: the write leases are taken in a statement of their own, the batch's rows
+    are then built and bound with no transaction open, and only the writes that publish and
+    remove share a transaction, which the leases and guards make safe without any isolation
+    between those steps; the leases are released once it has committed."""
     require_text(collection_id, "Media usage batch writes require a collection ID")
     _require_batch_members(collection_id, collection_slug, publications, removals)
-    with engine.begin() as connection:
-        batch = _CollectionBatch(connection, collection_id, collection_slug)
-        published = batch.publish(publications) if publications else frozenset()
-        ready = [removal for removal in removals if removal.after <= published]
-        removed = batch.remove(ready) if ready else frozenset()
+    identity = {
+        _BATCH_COLLECTION_ID.key: collection_id,
+        _BATCH_COLLECTION_SLUG.key: collection_slug,
+    }
+    leased = _take_write_leases(engine, identity, _Prepared.all_of(publications))
+    try:
+        bound = _BoundPublications.of(engine.dialect.name, leased) if leased else None
+        if bound is None and all(removal.after for removal in removals):
+            return BatchWriteResult()  # nothing can land: no lease, every removal waits on one
+        with engine.begin() as connection:
+            batch = _CollectionBatch(connection, collection_slug, identity)
+            published = batch.publish(bound) if bound else frozenset()
+            ready = [removal for removal in removals if removal.after <= published]
+            removed = batch.remove(ready) if ready else frozenset()
+    finally:
+        _release_write_leases(engine, leased)
     return BatchWriteResult(published, removed)
 
 
@@ -352,6 +375,8 @@ class _Prepared:
     publication: Publication
     generation: str
     lease_token: str
+    # The database time its write lease was granted at: the publication's timestamps.
+    leased_at: str = ""
 
     @classmethod
     def all_of(cls, publications: Sequence[Publication]) -> list[_Prepared]:
@@ -366,47 +391,143 @@ class _Prepared:
     def source_key(self) -> str:
         return self.publication.source.source_key
 
-    def row(self, now: str) -> dict[str, Any]:
-        values = published_values(self.publication.source, self.generation, now)
+    def row(self) -> dict[str, Any]:
+        values = published_values(self.publication.source, self.generation, self.leased_at)
         values["lease_token"] = self.lease_token
         if self.publication.expected is not None:
             values.update(_expected_values(self.publication.expected))
         return values
 
 
+def _take_write_leases(
+    engine: Engine, identity: Mapping[str, str], prepared: Sequence[_Prepared]
+) -> list[_Prepared]:
+    """One write lease per source in one statement, granted only while the collection
+    identity is current (`_take_write_lease`); returns the granted ones, each with its lease's
+    `created_at` (its publication time)."""
+    if not prepared:
+        return []
+    rows = [
+        {
+            "source_key": item.source_key,
+            "generation": item.generation,
+            "lease_token": item.lease_token,
+        }
+        for item in prepared
+    ]
+    with single_statement(engine) as connection:
+        dialect = connection.dialect.name
+        found = connection.execute(
+            _write_lease_statement(dialect), {**identity, **_LEASE_ROWS.bind(dialect, rows)}
+        ).all()
+    leased_at = {row.source_key: row.created_at for row in found}
+    return [
+        replace(item, leased_at=leased_at[item.source_key])
+        for item in prepared
+        if item.source_key in leased_at
+    ]
+
+
+def _release_write_leases(engine: Engine, leased: Sequence[_Prepared]) -> None:
+    """`_release_write_lease` for every lease of the batch in one statement."""
+    if not leased:
+        return
+    tokens = [item.lease_token for item in leased]
+    statement = delete(generation_writes).where(generation_writes.c.lease_token.in_(tokens))
+    try:
+        with single_statement(engine) as connection:
+            connection.execute(statement)
+    except SQLAlchemyError:
+        # An unreleased lease only delays GC of these generations until it expires.
+        logger.exception("Failed to release media usage generation write leases")
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """One statement's shape (its column names) and its bound rows."""
+
+    names: tuple[str, ...]
+    parameters: Any
+
+
+@dataclass(frozen=True)
+class _BoundPublications:
+    """The leased publications' rows, built and bound before their transaction begins:
+    occurrences, sources observed absent (inserted) and present (updated)."""
+
+    occurrences: _Bound | None
+    new: _Bound | None
+    changed: _Bound | None
+
+    @classmethod
+    def of(cls, dialect: str, leased: Sequence[_Prepared]) -> _BoundPublications:
+        rows = [item.row() for item in leased]
+        return cls(
+            _bind_occurrences(dialect, leased),
+            _bind_sources(dialect, "new_source", [r for r in rows if _is_new(r)]),
+            _bind_sources(dialect, "changed_source", [r for r in rows if not _is_new(r)]),
+        )
+
+
+def _is_new(row: Mapping[str, Any]) -> bool:
+    return "expected_current_generation" not in row
+
+
+def _bind_occurrences(dialect: str, leased: Sequence[_Prepared]) -> _Bound | None:
+    """Occurrences of the fresh generations, for one statement (no guard of their own: a
+    generation is only published by its source's guarded write, and collected if not).
+
+    SQLite re-parses a JSON row's text for every value it extracts, so there the rows go to
+    the driver's `executemany`; PostgreSQL reads a JSON relation in one pass, faster than one
+    execution per row."""
+    ids = iter(new_ulids(sum(len(item.publication.source.occurrences) for item in leased)))
+    rows = [
+        row
+        for item in leased
+        for row in occurrence_rows(
+            item.source_key,
+            item.generation,
+            item.publication.source.occurrences,
+            item.leased_at,
+            [next(ids) for _ in item.publication.source.occurrences],
+        )
+    ]
+    if not rows:
+        return None
+    names = tuple(rows[0])
+    if dialect == "sqlite":
+        return _Bound(names, rows)
+    return _Bound(names, _occurrence_rows_of(names).bind(dialect, rows))
+
+
+def _bind_sources(dialect: str, relation: str, rows: Sequence[dict[str, Any]]) -> _Bound | None:
+    if not rows:
+        return None
+    names = tuple(rows[0])
+    return _Bound(names, _published_rows_of(relation, names).bind(dialect, rows))
+
+
 class _CollectionBatch:
     """The statements of one batch transaction for the collection (collection_id, slug)."""
 
-    def __init__(self, connection: Connection, collection_id: str, collection_slug: str) -> None:
+    def __init__(
+        self, connection: Connection, collection_slug: str, identity: Mapping[str, str]
+    ) -> None:
         self.connection = connection
         self.dialect = connection.dialect.name
         self.collection_slug = collection_slug
-        self.identity = {
-            _BATCH_COLLECTION_ID.key: collection_id,
-            _BATCH_COLLECTION_SLUG.key: collection_slug,
-        }
+        self.identity = identity
 
-    def execute(self, statement, relation: JsonRows, rows, **parameters):
-        bound = relation.bind(self.dialect, rows)
-        return self.connection.execute(statement, {**self.identity, **bound, **parameters})
+    def execute(self, statement, parameters: Mapping[str, Any]):
+        return self.connection.execute(statement, {**self.identity, **parameters})
 
     # -- publication ---------------------------------------------------------------------------
 
-    def publish(self, publications: Sequence[Publication]) -> frozenset[str]:
+    def publish(self, bound: _BoundPublications) -> frozenset[str]:
         if not self.lock_collection():
             return frozenset()
-        prepared = _Prepared.all_of(publications)
-        leased_at = self.take_write_leases(prepared)
-        prepared = [item for item in prepared if item.source_key in leased_at]
-        if not prepared:
-            return frozenset()
-        self.insert_occurrences(prepared, leased_at)
-        rows = [item.row(leased_at[item.source_key]) for item in prepared]
-        new = [row for row in rows if "expected_current_generation" not in row]
-        changed = [row for row in rows if "expected_current_generation" in row]
-        published = self.insert_new(new) | self.update_changed(changed)
-        self.release_write_leases(prepared)
-        return frozenset(published)
+        self.insert_occurrences(bound.occurrences)
+        return frozenset(self.insert_new(bound.new) | self.update_changed(bound.changed))
 
     def lock_collection(self) -> bool:
         """`SourceRepository._lock_collection` for the whole batch."""
@@ -420,74 +541,28 @@ class _CollectionBatch:
             )
             .with_for_update(read=True, key_share=True)
         )
-        return self.connection.execute(statement, self.identity).first() is not None
+        return self.execute(statement, {}).first() is not None
 
-    def take_write_leases(self, prepared: Sequence[_Prepared]) -> dict[str, str]:
-        """One write lease per source, granted only while the collection identity is current;
-        returns each granted source's lease `created_at` (its publication time)."""
-        rows = [
-            {
-                "source_key": item.source_key,
-                "generation": item.generation,
-                "lease_token": item.lease_token,
-            }
-            for item in prepared
-        ]
-        statement = _write_lease_statement(self.dialect)
-        found = self.execute(statement, _LEASE_ROWS, rows)
-        return {row.source_key: row.created_at for row in found}
-
-    def insert_occurrences(
-        self, prepared: Sequence[_Prepared], leased_at: Mapping[str, str]
-    ) -> None:
-        """Occurrences of the fresh generations in one statement (no guard of their own: a
-        generation is only published by its source's guarded write, and collected if not).
-
-        SQLite re-parses a JSON row's text for every value it extracts, so there the rows go
-        to the driver's `executemany`; PostgreSQL reads a JSON relation in one pass, faster
-        than one execution per row."""
-        ids = iter(new_ulids(sum(len(item.publication.source.occurrences) for item in prepared)))
-        rows = [
-            row
-            for item in prepared
-            for row in occurrence_rows(
-                item.source_key,
-                item.generation,
-                item.publication.source.occurrences,
-                leased_at[item.source_key],
-                [next(ids) for _ in item.publication.source.occurrences],
-            )
-        ]
-        if not rows:
+    def insert_occurrences(self, bound: _Bound | None) -> None:
+        if bound is None:
             return
-        names = tuple(rows[0])
         if self.dialect == "sqlite":
-            execute_many(self.connection, _OCCURRENCE_INSERT, rows, names)
+            execute_many(self.connection, _OCCURRENCE_INSERT, bound.parameters, bound.names)
         else:
-            statement = _occurrence_insert_statement(self.dialect, names)
-            self.execute(statement, _occurrence_rows_of(names), rows)
+            statement = _occurrence_insert_statement(self.dialect, bound.names)
+            self.execute(statement, bound.parameters)
 
-    def insert_new(self, rows: Sequence[dict[str, Any]]) -> set[str]:
-        if not rows:
+    def insert_new(self, bound: _Bound | None) -> set[str]:
+        if bound is None:
             return set()
-        names = tuple(rows[0])
-        statement = _insert_new_statement(self.dialect, self.collection_slug, names)
-        relation = _published_rows_of("new_source", names)
-        return set(self.execute(statement, relation, rows).scalars())
+        statement = _insert_new_statement(self.dialect, self.collection_slug, bound.names)
+        return set(self.execute(statement, bound.parameters).scalars())
 
-    def update_changed(self, rows: Sequence[dict[str, Any]]) -> set[str]:
-        if not rows:
+    def update_changed(self, bound: _Bound | None) -> set[str]:
+        if bound is None:
             return set()
-        names = tuple(rows[0])
-        statement = _update_changed_statement(self.dialect, self.collection_slug, names)
-        found = self.execute(statement, _published_rows_of("changed_source", names), rows)
-        return set(found.scalars())
-
-    def release_write_leases(self, prepared: Sequence[_Prepared]) -> None:
-        tokens = [item.lease_token for item in prepared]
-        self.connection.execute(
-            delete(generation_writes).where(generation_writes.c.lease_token.in_(tokens))
-        )
+        statement = _update_changed_statement(self.dialect, self.collection_slug, bound.names)
+        return set(self.execute(statement, bound.parameters).scalars())
 
     # -- removal -------------------------------------------------------------------------------
 
@@ -504,7 +579,8 @@ class _CollectionBatch:
         ]
         statement = _removal_statement(self.dialect, self.collection_slug)
         keys = [row["source_key"] for row in rows]
-        found = self.execute(statement, _REMOVAL_ROWS, rows, source_keys=keys)
+        bound = _REMOVAL_ROWS.bind(self.dialect, rows)
+        found = self.execute(statement, {**bound, "source_keys": keys})
         deleted = {row.source_key: row.current_generation for row in found}
         if deleted:
             self.delete_generations(deleted)
