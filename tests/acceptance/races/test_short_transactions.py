@@ -1,0 +1,85 @@
+"""The project's PostgreSQL sessions rarely sit idle inside a transaction.
+
+A transaction left open across Python work (extraction, canonical JSON, fingerprints, binding
+a batch's rows) holds its snapshot and its locks while the server waits for the client: in
+`pg_stat_activity` the session shows `idle in transaction`. Reads end before that work and
+writes re-assert what they read, so while 2,000 entries are drained (1,000 by a
+reconciliation, 1,000 captured writes by the work drain) a sampler in another process finds
+the drain's sessions idle in a transaction in at most a tenth of the samples that show one.
+"""
+
+import uuid
+
+import pytest
+
+from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
+from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS, sample_entries
+from media_usage_orchestration.processing.activation import ActivationOutcome, activate
+from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
+from media_usage_orchestration.processing.reconciliation.model import (
+    DRAIN_BATCH_SIZE,
+    ReconciliationOutcome,
+)
+from media_usage_orchestration.processing.run_loop import Budget, WorkDrainEnd, drain_due_work
+from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.core.engine import create_database_engine
+from tests.support.activity import ActivitySamples, sampled_activity
+from tests.support.states import count
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.postgres_only("`idle in transaction` is a PostgreSQL session state"),
+]
+
+SLUG = "articles"
+RECONCILED_ENTRIES = 1000
+CAPTURED_ENTRIES = 1000
+INSERT_CHUNK = 500
+MAX_IDLE_IN_TRANSACTION_RATIO = 0.10
+# Enough samples that the ratio means something (a drain of 2,000 entries gives thousands).
+MIN_SAMPLES_WITH_A_SESSION = 200
+
+
+def _insert(writer: CmsWriter, prefix: str, entries: int) -> None:
+    for start in range(0, entries, INSERT_CHUNK):
+        writer.insert_entries(
+            SLUG, sample_entries(prefix, min(INSERT_CHUNK, entries - start), start)
+        )
+
+
+@pytest.fixture
+def drain_engine(db):
+    """The engine that drains, its sessions named for this test alone (other tests may be
+    draining on the same server at the same time)."""
+    name = f"short_tx_{uuid.uuid4().hex[:12]}"
+    engine = create_database_engine(db.url, connect_args={"application_name": name})
+    yield engine, name
+    engine.dispose()
+
+
+def test_the_drains_sessions_are_rarely_idle_in_a_transaction(db, drain_engine):
+    engine, application_name = drain_engine
+    writer = CmsWriter(db.engine)
+    collection = writer.create_collection(SLUG, MEDIA_FIELDS)
+    _insert(writer, "old", RECONCILED_ENTRIES)
+    assert activate(db.engine)[-1].outcome is ActivationOutcome.ACTIVE
+
+    samples = ActivitySamples()
+    with sampled_activity(db.url, application_name) as reconciling:
+        outcome = run_to_completion(engine, collection.id)
+    samples += reconciling
+    assert outcome is ReconciliationOutcome.COMPLETED
+
+    _insert(writer, "new", CAPTURED_ENTRIES)
+    assert count(db.engine, schema.work, state="pending") == CAPTURED_ENTRIES
+    with sampled_activity(db.url, application_name) as draining:
+        drained = drain_due_work(engine, Budget(), DRAIN_BATCH_SIZE)
+    samples += draining
+    assert drained.stopped_by is WorkDrainEnd.NOTHING_DUE
+    assert drained.counts.completed == CAPTURED_ENTRIES
+    assert not verify_index(db.engine).has_drift
+
+    print(samples.summary())  # shown with -rP: how many samples, and what they saw
+    assert samples.seen >= MIN_SAMPLES_WITH_A_SESSION, samples.summary()
+    assert samples.idle_in_transaction_ratio <= MAX_IDLE_IN_TRANSACTION_RATIO, samples.summary()
