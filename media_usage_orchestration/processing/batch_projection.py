@@ -277,7 +277,8 @@ def _write(
             engine, collection_id, collection_slug, publications, removals
         )
     except Exception:
-        # Rolled back: nothing of the batch landed, its entries take the per-item path.
+        # What landed before the failure is reported as nothing: its entries take the
+        # per-item path, which finds a landed projection unchanged.
         logger.exception("Batch media usage write of %s failed", collection_slug)
         return BatchWriteResult()
 

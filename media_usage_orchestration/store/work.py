@@ -12,8 +12,9 @@ not rely on that transaction: every statement is individually guarded, as in the
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -479,14 +480,24 @@ _CLAIM_COLLECTION = bindparam("claim_collection_id", type_=Text)
 _CLAIM_TOKENS = JsonRows.of("claim_token", {"rank": Integer(), "lease_token": Text()})
 
 
-def _walk_due_indexes_in_order(connection: Connection) -> None:
-    """On PostgreSQL, make this claim's branches walk their due index in order. Without fresh
-    statistics (a work table that grew since it was last analyzed, as after a reconciliation
-    enqueues a whole collection) the planner expects a handful of due rows and prefers to
-    collect all of them with a bitmap scan and sort them: every claim would then sort the
-    whole backlog. Transaction-local, and it changes no result, only the plan."""
-    if is_postgres(connection):
-        connection.exec_driver_sql("SET LOCAL enable_bitmapscan = off")
+@contextlib.contextmanager
+def _due_indexes_walked_in_order(connection: Connection) -> Iterator[None]:
+    """On PostgreSQL, make the claims planned in this block walk their due index in order.
+    Without fresh statistics (a work table that grew since it was last analyzed, as after a
+    reconciliation enqueues a whole collection) the planner expects a handful of due rows and
+    prefers to collect all of them with a bitmap scan and sort them: every claim would then
+    sort the whole backlog. The setting changes no result, only the plan; it is the session's
+    for the block and reset after it, so the claim needs no transaction block around it
+    (`SET LOCAL` would keep one open across the claim's round trips)."""
+    if not is_postgres(connection):
+        yield
+        return
+    connection.exec_driver_sql("SET enable_bitmapscan = off")
+    try:
+        yield
+    finally:
+        if not connection.invalidated:
+            connection.exec_driver_sql("RESET enable_bitmapscan")
 
 
 @functools.lru_cache(maxsize=64)
@@ -1089,8 +1100,8 @@ class WorkRepository:
         that collection's due rows are candidates. With `while_capture_active`, the activation
         row is read first and nothing is claimed (None) unless capture is active, as EmDash's
         processor checks before each claim; the UPDATE re-asserts it, so a claim never lands
-        after capture was deactivated. Records are built once the claim has committed: the
-        transaction holds only the planner setting and the UPDATE.
+        after capture was deactivated. The UPDATE is a statement of its own (no transaction
+        block on PostgreSQL), and records are built once it has committed.
         """
         limit = _due_limit(limit)
         if collection_id is not None:
@@ -1108,8 +1119,10 @@ class WorkRepository:
         statement = _claim_batch_statement(
             dialect_name, limit, lease_seconds, collection_id is not None, while_capture_active
         )
-        with self.engine.begin() as connection:
-            _walk_due_indexes_in_order(connection)
+        with (
+            single_statement(self.engine) as connection,
+            _due_indexes_walked_in_order(connection),
+        ):
             rows = connection.execute(statement, parameters).all()
         order = {token: index for index, token in enumerate(tokens)}
         return sorted(_records(rows), key=lambda record: order[record.lease_token])

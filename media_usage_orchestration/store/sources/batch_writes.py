@@ -1,11 +1,12 @@
 """Canonical source projection for many sources of one collection at once.
 
 The single-row protocol (`source_writes.SourceRepository`) writes each source in transactions
-of its own; `write_collection_batch` writes a batch the same way in a fixed number of
-statements, with the rows bound as JSON relations (`JsonRows`): the write leases in one
-statement, the publications and removals in one transaction, the lease release in one
-statement. The single-row functions and methods that the docstrings below name are those of
-`source_writes`.
+of its own; `write_collection_batch` writes a batch in a fixed number of statements, with the
+rows bound as JSON relations (`JsonRows`): the write leases, the occurrences, the new and the
+changed sources and the lease release one statement each, the removals in one transaction.
+No transaction stays open while the rows are built, and none relies on isolation between its
+statements: each write carries its guards. The single-row functions and methods that the
+docstrings below name are those of `source_writes`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from media_usage_orchestration.store.core.clock import lease_live_at_clock, timestamp_offset
-from media_usage_orchestration.store.core.engine import single_statement
+from media_usage_orchestration.store.core.engine import independent_statements, single_statement
 from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.predicates import registry_identity_is_current
 from media_usage_orchestration.store.core.schema import (
@@ -113,10 +114,13 @@ def write_collection_batch(
     write lease, its expected columns, its content row), so each row lands or not exactly as
     it would alone.
 
-    As one by one: the write leases are taken in a statement of their own, the batch's rows
-    are then built and bound with no transaction open, and only the writes that publish and
-    remove share a transaction, which the leases and guards make safe without any isolation
-    between those steps; the leases are released once it has committed."""
+    Nothing relies on isolation between statements, only on the guards each one carries:
+    the write leases are taken in a statement of their own (as one by one), the rows are
+    then built and bound with no transaction open, the occurrences and each kind of source
+    write are statements of their own (on PostgreSQL each commits by itself), the leases are
+    released, and the removals run in one transaction (as `_delete_source`). Occurrences may
+    thus commit before their source's write: a generation whose write loses is left behind
+    under its write lease either way, an abandoned generation for the projection GC."""
     require_text(collection_id, "Media usage batch writes require a collection ID")
     _require_batch_members(collection_id, collection_slug, publications, removals)
     identity = {
@@ -125,17 +129,34 @@ def write_collection_batch(
     }
     leased = _take_write_leases(engine, identity, _Prepared.all_of(publications))
     try:
-        bound = _BoundPublications.of(engine.dialect.name, leased) if leased else None
-        if bound is None and all(removal.after for removal in removals):
-            return BatchWriteResult()  # nothing can land: no lease, every removal waits on one
-        with engine.begin() as connection:
-            batch = _CollectionBatch(connection, collection_slug, identity)
-            published = batch.publish(bound) if bound else frozenset()
-            ready = [removal for removal in removals if removal.after <= published]
-            removed = batch.remove(ready) if ready else frozenset()
+        published = _publish(engine, collection_slug, identity, leased)
     finally:
         _release_write_leases(engine, leased)
+    ready = [removal for removal in removals if removal.after <= published]
+    removed = _remove(engine, collection_slug, identity, ready)
     return BatchWriteResult(published, removed)
+
+
+def _publish(
+    engine: Engine, collection_slug: str, identity: Mapping[str, str], leased: list[_Prepared]
+) -> frozenset[str]:
+    """The leased publications: their rows built and bound first, then the occurrences and
+    the guarded source writes, each statement on its own (`independent_statements`)."""
+    if not leased:
+        return frozenset()
+    bound = _BoundPublications.of(engine.dialect.name, leased)
+    with independent_statements(engine) as connection:
+        return _CollectionBatch(connection, collection_slug, identity).publish(bound)
+
+
+def _remove(
+    engine: Engine, collection_slug: str, identity: Mapping[str, str], ready: list[Removal]
+) -> frozenset[str]:
+    """The guarded deletes in one transaction (`_delete_source`)."""
+    if not ready:
+        return frozenset()
+    with engine.begin() as connection:
+        return _CollectionBatch(connection, collection_slug, identity).remove(ready)
 
 
 # --- guards -----------------------------------------------------------------------------------
@@ -256,12 +277,27 @@ def _batch_identity_is_current() -> ColumnElement[bool]:
     return registry_identity_is_current(_BATCH_COLLECTION_ID, _BATCH_COLLECTION_SLUG)
 
 
-def _publication_guard(collection_slug: str, rows) -> ColumnElement[bool]:
-    """`_publish`'s guard for each row: its live write lease, the collection identity, and
-    its content row still as snapshotted."""
+def _batch_identity_is_current_and_held(dialect_name: str) -> ColumnElement[bool]:
+    """The collection identity is current and, on PostgreSQL, its registry row stays
+    share-locked until the statement commits (`SourceRepository._lock_collection`), so the
+    collection cannot be removed between this guard and the publication's commit."""
+    if dialect_name != "postgresql":
+        return _batch_identity_is_current()
+    registry = collections.alias("held_collection")
+    return exists(
+        select(literal(1))
+        .select_from(registry)
+        .where(registry.c.id == _BATCH_COLLECTION_ID, registry.c.slug == _BATCH_COLLECTION_SLUG)
+        .with_for_update(read=True, key_share=True)
+    )
+
+
+def _publication_guard(dialect_name: str, collection_slug: str, rows) -> ColumnElement[bool]:
+    """`_publish`'s guard for each row: its live write lease, the collection identity (its
+    registry row held), and its content row still as snapshotted."""
     return and_(
         _rows_write_lease_is_live(rows),
-        _batch_identity_is_current(),
+        _batch_identity_is_current_and_held(dialect_name),
         _rows_content_is_current(collection_slug, rows),
     )
 
@@ -312,7 +348,7 @@ def _insert_new_statement(dialect_name: str, collection_slug: str, names: tuple[
     rows = _published_rows_of("new_source", names).relation(dialect_name)
     written = [name for name in names if name != "lease_token"]
     selected = select(*(rows.c[name] for name in written)).where(
-        _publication_guard(collection_slug, rows)
+        _publication_guard(dialect_name, collection_slug, rows)
     )
     return (
         dialect_insert(dialect_name, sources)
@@ -333,7 +369,7 @@ def _update_changed_statement(dialect_name: str, collection_slug: str, names: tu
         .where(
             sources.c.source_key == rows.c.source_key,
             _source_matches_rows(rows),
-            _publication_guard(collection_slug, rows),
+            _publication_guard(dialect_name, collection_slug, rows),
         )
         .values({name: rows.c[name] for name in written})
         .returning(sources.c.source_key)
@@ -508,7 +544,7 @@ def _bind_sources(dialect: str, relation: str, rows: Sequence[dict[str, Any]]) -
 
 
 class _CollectionBatch:
-    """The statements of one batch transaction for the collection (collection_id, slug)."""
+    """The statements of one batch for the collection (collection_id, slug)."""
 
     def __init__(
         self, connection: Connection, collection_slug: str, identity: Mapping[str, str]
@@ -524,24 +560,8 @@ class _CollectionBatch:
     # -- publication ---------------------------------------------------------------------------
 
     def publish(self, bound: _BoundPublications) -> frozenset[str]:
-        if not self.lock_collection():
-            return frozenset()
         self.insert_occurrences(bound.occurrences)
         return frozenset(self.insert_new(bound.new) | self.update_changed(bound.changed))
-
-    def lock_collection(self) -> bool:
-        """`SourceRepository._lock_collection` for the whole batch."""
-        if self.dialect != "postgresql":
-            return True
-        statement = (
-            select(collections.c.id)
-            .where(
-                collections.c.id == _BATCH_COLLECTION_ID,
-                collections.c.slug == _BATCH_COLLECTION_SLUG,
-            )
-            .with_for_update(read=True, key_share=True)
-        )
-        return self.execute(statement, {}).first() is not None
 
     def insert_occurrences(self, bound: _Bound | None) -> None:
         if bound is None:
