@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 SAMPLE_INTERVAL_SECONDS = 0.003
@@ -109,24 +107,4 @@ def _sample(conninfo: str, application_name: str, pipe) -> None:
     pipe.send(samples)
 
 
-def session_waits_for_lock(engine: Engine, application_name: str, timeout_seconds: float) -> bool:
-    """Poll until a session named `application_name` waits for a lock (a row another
-    transaction holds, say); False on timeout."""
-    deadline = time.monotonic() + timeout_seconds
-    with engine.connect() as monitor:
-        while time.monotonic() < deadline:
-            waiting = monitor.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE application_name = :name AND wait_event_type = 'Lock'"
-                ),
-                {"name": application_name},
-            ).scalar_one()
-            monitor.rollback()
-            if waiting:
-                return True
-            time.sleep(0.02)
-    return False
-
-
-__all__ = ["ActivitySamples", "libpq_url", "sampled_activity", "session_waits_for_lock"]
+__all__ = ["ActivitySamples", "libpq_url", "sampled_activity"]

@@ -30,9 +30,9 @@ from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import create_database_engine
-from tests.support.activity import ActivitySamples, sampled_activity, session_waits_for_lock
+from tests.support.activity import ActivitySamples, sampled_activity
 from tests.support.projection import active_collection, canonical_key, find_source, insert_entry
-from tests.support.states import count
+from tests.support.states import count, session_waits_for_lock
 
 pytestmark = [
     pytest.mark.slow,
