@@ -11,8 +11,9 @@ Three drivers share one post-claim step (`process_claimed`): EmDash's bounded ti
 a batch path for jobs that claims several rows per statement (`process_due_batch`).
 
 The batch path projects each collection's claimed jobs in bulk (`processing/batch_projection.py`):
-a fixed number of statements per batch - one read transaction, one write transaction, one
-completion statement, one coverage update - where one by one each job costs about 17. It is
+a fixed number of statements per batch - one read transaction, the guarded writes (each a
+statement of its own), one completion statement, one coverage update - where one by one each
+job costs about 17; no transaction stays open across the batch's Python work. It is
 equivalent to running `process_claimed` for every job:
 
 - Same guards. Every row it writes carries, in the statement that writes it, the guard the
@@ -21,9 +22,9 @@ equivalent to running `process_claimed` for every job:
   (NULL-safely), each under its own live write lease, the current identity and its content row
   still as snapshotted (version, `updated_at`, revision); a source deleted only while it is
   still the observed row, the identity is current and, for an entry whose content is gone, the
-  content row stays absent; the registry row share-locked on PostgreSQL; a job completed only
-  by its own (pk, version, token) on a live lease. Rows are guarded independently, so each
-  lands or not exactly as it would alone.
+  content row stays absent; the registry row share-locked on PostgreSQL (by the guarded write
+  itself); a job completed only by its own (pk, version, token) on a live lease. Rows are
+  guarded independently, so each lands or not exactly as it would alone.
 - Same outcomes. A job is completed in bulk only when everything its refresh would write
   landed (or nothing needed writing): the state a successful `refresh_content_for_work` leaves.
   A refused completion is `superseded`, and the collection records one incremental success

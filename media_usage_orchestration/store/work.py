@@ -6,8 +6,9 @@ that version, the lease token and a live lease in the same statement, so an owne
 expired, or whose work was re-enqueued meanwhile, can no longer change anything. All
 timestamps come from the database clock (`store/core/clock.py`).
 
-Each public method runs in its own transaction (`BEGIN IMMEDIATE` on SQLite). The guards do
-not rely on that transaction: every statement is individually guarded, as in the seed.
+Each public method runs in its own transaction (`BEGIN IMMEDIATE` on SQLite; a method of one
+statement runs without a transaction block on PostgreSQL). The guards do not rely on that
+transaction: every statement is individually guarded, as in the seed.
 """
 
 from __future__ import annotations
