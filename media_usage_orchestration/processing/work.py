@@ -11,10 +11,10 @@ Three drivers share one post-claim step (`process_claimed`): EmDash's bounded ti
 a batch path for jobs that claims several rows per statement (`process_due_batch`).
 
 The batch path projects each collection's claimed jobs in bulk (`processing/batch_projection.py`):
-a fixed number of statements per batch - one read transaction, the guarded writes (each a
-statement of its own), one completion statement, one coverage update - where one by one each
-job costs about 17; no transaction stays open across the batch's Python work. It is
-equivalent to running `process_claimed` for every job:
+a fixed number of statements per batch - one read transaction, the guarded writes (statements
+of their own, removals in one transaction), one completion statement, one coverage update -
+where one by one each job costs about 17; no transaction stays open across the batch's Python
+work. It is equivalent to running `process_claimed` for every job:
 
 - Same guards. Every row it writes carries, in the statement that writes it, the guard the
   single-row statement has: a write lease granted only while the registry identity is current;
