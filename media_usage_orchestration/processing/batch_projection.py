@@ -2,10 +2,11 @@
 
 `refresh_content_for_work` refreshes one entry in about a dozen statements. Here a batch of
 entries of one collection is refreshed in a fixed number: one read transaction (registry
-identity, observed canonical sources, field discovery, content rows, draft revisions, and the
-occurrence counts of sources about to be deleted), projection in Python with the same snapshot,
-extraction and fingerprint code, then one write transaction (`write_collection_batch` of
-`store/sources/batch_writes.py`) in which every row keeps the guards it has alone.
+identity, observed canonical sources, field discovery, content rows, draft revisions), ended
+before projection in Python with the same snapshot, extraction and fingerprint code; a second
+read for the occurrence counts of sources about to be deleted (only when some are); then the
+guarded writes of `write_collection_batch` (`store/sources/batch_writes.py`), in which every
+row keeps the guards it has alone.
 
 Each entry is classified from what was read:
 
@@ -118,28 +119,60 @@ def refresh_contents_for_work(
 def _plan(
     engine: Engine, collection_id: str, collection_slug: str, ids: list[str]
 ) -> list[_EntryPlan]:
-    """Plans of the entries the batch can refresh outright (the others are simply absent)."""
+    """Plans of the entries the batch can refresh outright (the others are simply absent).
+
+    Two short reads, each ended before the Python work that follows it: the rows, then (once
+    snapshots are built) the sizes of the generations about to be deleted. Nothing relies on
+    the reads sharing a snapshot: every write re-asserts what was read in its own statement."""
     keys = {content_id: canonical_source_keys(collection_id, content_id) for content_id in ids}
-    with read_transaction(engine) as connection:
-        if not collection_identity_exists(connection, collection_id, collection_slug):
-            return []
-        observed = sources_by_key(connection, [key for each in keys.values() for key in each])
-        discovery = load_fields(connection, collection_slug, collection_id)
-        rows = content_rows(connection, collection_slug, collection_id, discovery, ids)
-        revisions = load_revisions(connection, _draft_revision_ids(rows.values()))
-        plans = []
-        for content_id in ids:
-            entry = _Entry(collection_id, collection_slug, discovery, content_id, keys[content_id])
-            plan = _plan_entry(entry, rows.get(content_id), revisions, observed)
-            if plan is not None:
-                plans.append(plan)
-        absent = [source for plan in plans for source in plan.absent]
-        measured = measure_generation_deletions(connection, absent, MAX_OCCURRENCE_MUTATION_UNITS)
+    read = _read_batch(engine, collection_id, collection_slug, ids, keys)
+    if read is None:
+        return []
+    plans = []
+    for content_id in ids:
+        entry = _Entry(collection_id, collection_slug, read.discovery, content_id, keys[content_id])
+        plan = _plan_entry(entry, read.rows.get(content_id), read.revisions, read.observed)
+        if plan is not None:
+            plans.append(plan)
+    absent = [source for plan in plans for source in plan.absent]
+    measured = {}
+    if absent:
+        with read_transaction(engine) as connection:
+            measured = measure_generation_deletions(
+                connection, absent, MAX_OCCURRENCE_MUTATION_UNITS
+            )
     return [
         plan
         for plan in plans
         if admits_outright(plan.snapshots, plan.observed, plan.keys, measured)
     ]
+
+
+@dataclass(frozen=True)
+class _BatchRows:
+    observed: dict[str, SourceRow]
+    discovery: FieldDiscovery
+    rows: dict[str, dict[str, Any]]
+    revisions: dict[str, dict[str, Any]]
+
+
+def _read_batch(
+    engine: Engine,
+    collection_id: str,
+    collection_slug: str,
+    ids: list[str],
+    keys: Mapping[str, list[str]],
+) -> _BatchRows | None:
+    """What the batch is planned from, in one read transaction; None when the collection
+    identity is not current."""
+    with read_transaction(engine) as connection:
+        if not collection_identity_exists(connection, collection_id, collection_slug):
+            return None
+        observed = sources_by_key(connection, [key for each in keys.values() for key in each])
+        discovery = load_fields(connection, collection_slug, collection_id)
+        rows = content_rows(connection, collection_slug, collection_id, discovery, ids)
+        revisions = load_revisions(connection, _draft_revision_ids(rows.values()))
+    return _BatchRows(observed, discovery, rows, revisions)
 
 
 def _draft_revision_ids(rows) -> list[str]:
@@ -244,7 +277,8 @@ def _write(
             engine, collection_id, collection_slug, publications, removals
         )
     except Exception:
-        # Rolled back: nothing of the batch landed, its entries take the per-item path.
+        # What landed before the failure is reported as nothing: its entries take the
+        # per-item path, which finds a landed projection unchanged.
         logger.exception("Batch media usage write of %s failed", collection_slug)
         return BatchWriteResult()
 

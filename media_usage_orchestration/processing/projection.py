@@ -25,7 +25,7 @@ from media_usage_orchestration.media.projection import (
 from media_usage_orchestration.media.snapshots import SnapshotError, SnapshotResult
 from media_usage_orchestration.media.sources import ContentSource
 from media_usage_orchestration.processing.content_reads import load_content_snapshots
-from media_usage_orchestration.store.core.engine import Engine, read_transaction
+from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.registry import read_collection_identity_exists
 from media_usage_orchestration.store.sources.writes import SourceRepository
 from media_usage_orchestration.values.source_records import DeletionMeasurement, SourceRow
@@ -130,10 +130,9 @@ class _Refresh:
 
     def attempt(self) -> RefreshResult:
         observed = self.repository.find_sources(self.keys)
-        with read_transaction(self.engine) as connection:
-            loaded = load_content_snapshots(
-                connection, self.collection_slug, self.content_id, self.collection_id
-            )
+        loaded = load_content_snapshots(
+            self.engine, self.collection_slug, self.content_id, self.collection_id
+        )
         if loaded.error is SnapshotError.CONTENT_NOT_FOUND:
             return self.delete_for_absent_content(observed)
         if not loaded.success:

@@ -11,9 +11,10 @@ Three drivers share one post-claim step (`process_claimed`): EmDash's bounded ti
 a batch path for jobs that claims several rows per statement (`process_due_batch`).
 
 The batch path projects each collection's claimed jobs in bulk (`processing/batch_projection.py`):
-a fixed number of statements per batch - one read transaction, one write transaction, one
-completion statement, one coverage update - where one by one each job costs about 17. It is
-equivalent to running `process_claimed` for every job:
+a fixed number of statements per batch - one read transaction, the guarded writes (statements
+of their own, removals in one transaction), one completion statement, one coverage update -
+where one by one each job costs about 17; no transaction stays open across the batch's Python
+work. It is equivalent to running `process_claimed` for every job:
 
 - Same guards. Every row it writes carries, in the statement that writes it, the guard the
   single-row statement has: a write lease granted only while the registry identity is current;
@@ -21,9 +22,9 @@ equivalent to running `process_claimed` for every job:
   (NULL-safely), each under its own live write lease, the current identity and its content row
   still as snapshotted (version, `updated_at`, revision); a source deleted only while it is
   still the observed row, the identity is current and, for an entry whose content is gone, the
-  content row stays absent; the registry row share-locked on PostgreSQL; a job completed only
-  by its own (pk, version, token) on a live lease. Rows are guarded independently, so each
-  lands or not exactly as it would alone.
+  content row stays absent; the registry row share-locked on PostgreSQL (by the guarded write
+  itself); a job completed only by its own (pk, version, token) on a live lease. Rows are
+  guarded independently, so each lands or not exactly as it would alone.
 - Same outcomes. A job is completed in bulk only when everything its refresh would write
   landed (or nothing needed writing): the state a successful `refresh_content_for_work` leaves.
   A refused completion is `superseded`, and the collection records one incremental success
@@ -62,7 +63,11 @@ from media_usage_orchestration.processing.projection import (
 from media_usage_orchestration.processing.retry_policy import WORK_RETRY
 from media_usage_orchestration.store import status as status_store
 from media_usage_orchestration.store.activation import capture_active
-from media_usage_orchestration.store.core.engine import Engine, read_transaction
+from media_usage_orchestration.store.core.engine import (
+    Engine,
+    read_transaction,
+    single_statement,
+)
 from media_usage_orchestration.store.registry import read_collection_identity_exists
 from media_usage_orchestration.store.work import WorkRecord, WorkRepository
 
@@ -217,10 +222,9 @@ def process_claimed(
     if refresh.success:
         if not repository.complete_work(lease):
             return WorkOutcome.SUPERSEDED
-        with engine.begin() as connection:
-            status_store.record_incremental_success(
-                connection, claimed.collection_id, claimed.collection_slug
-            )
+        status_store.record_incremental_success(
+            engine, claimed.collection_id, claimed.collection_slug
+        )
         return WorkOutcome.COMPLETED
     if not _identity_is_current(engine, claimed):
         return _discard(repository, claimed)
@@ -253,7 +257,7 @@ def _record_failure(
         return WorkOutcome.SUPERSEDED
     if not repository.fail_work(lease, error_code):
         return WorkOutcome.SUPERSEDED
-    with engine.begin() as connection:
+    with single_statement(engine) as connection:
         status_store.record_incremental_failure(
             connection,
             claimed.collection_id,
@@ -401,10 +405,9 @@ class _Batch:
         completed = self.repository.complete_work_batch([record.lease for record in records])
         if completed:
             first = records[0]
-            with self.engine.begin() as connection:
-                status_store.record_incremental_success(
-                    connection, first.collection_id, first.collection_slug
-                )
+            status_store.record_incremental_success(
+                self.engine, first.collection_id, first.collection_slug
+            )
         return [
             WorkOutcome.COMPLETED
             if (record.collection_id, record.content_id) in completed

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Connection,
+    Engine,
     Text,
     and_,
     bindparam,
@@ -28,6 +29,7 @@ from sqlalchemy import (
 
 from media_usage_orchestration.store.activation import RUNTIME_GENERATION, activation_lease_is_held
 from media_usage_orchestration.store.core.clock import now
+from media_usage_orchestration.store.core.engine import read_transaction, single_statement
 from media_usage_orchestration.store.core.predicates import (
     is_collection_status_row,
     registry_identity_is_current,
@@ -202,17 +204,22 @@ def _update_fenced(
 # --- incremental work outcomes (spec 5.7) -----------------------------------------------------
 
 
-def record_incremental_success(connection: Connection, collection_id: str, slug: str) -> bool:
+def record_incremental_success(engine: Engine, collection_id: str, slug: str) -> bool:
     """Note a completed work item; coverage becomes `complete` only if it was already trusted
     and no work of the collection remains. Untrusted coverage (`reconciliation_required = 1`)
-    only a full reconciliation can complete."""
+    only a full reconciliation can complete.
+
+    The epoch is read, then the update re-asserts it (and everything else it decides on) in
+    its own WHERE clause, so the two need no transaction around them."""
     identity = {_SUCCESS_COLLECTION_ID.key: collection_id, _SUCCESS_SLUG.key: slug}
-    observed = connection.execute(_observed_epoch_statement(), identity).scalar_one_or_none()
+    with read_transaction(engine) as connection:
+        observed = connection.execute(_observed_epoch_statement(), identity).scalar_one_or_none()
     if observed is None:
         return False
-    result = connection.execute(
-        _record_success_statement(), {**identity, _OBSERVED_EPOCH.key: observed}
-    )
+    with single_statement(engine) as connection:
+        result = connection.execute(
+            _record_success_statement(), {**identity, _OBSERVED_EPOCH.key: observed}
+        )
     return result.rowcount > 0
 
 

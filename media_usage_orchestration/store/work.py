@@ -6,14 +6,16 @@ that version, the lease token and a live lease in the same statement, so an owne
 expired, or whose work was re-enqueued meanwhile, can no longer change anything. All
 timestamps come from the database clock (`store/core/clock.py`).
 
-Each public method runs in its own transaction (`BEGIN IMMEDIATE` on SQLite). The guards do
-not rely on that transaction: every statement is individually guarded, as in the seed.
+Each public method runs in its own transaction (`BEGIN IMMEDIATE` on SQLite; a method of one
+statement runs without a transaction block on PostgreSQL). The guards do not rely on that
+transaction: every statement is individually guarded, as in the seed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -475,46 +477,62 @@ def _operator_rows_statement(
 
 
 _CLAIM_COLLECTION = bindparam("claim_collection_id", type_=Text)
+# The claim's fresh lease tokens, one per rank, bound as one relation.
+_CLAIM_TOKENS = JsonRows.of("claim_token", {"rank": Integer(), "lease_token": Text()})
 
 
-def _token_parameter(rank: int) -> str:
-    return f"claim_token_{rank}"
-
-
-def _walk_due_indexes_in_order(connection: Connection) -> None:
-    """On PostgreSQL, make this claim's branches walk their due index in order. Without fresh
-    statistics (a work table that grew since it was last analyzed, as after a reconciliation
-    enqueues a whole collection) the planner expects a handful of due rows and prefers to
-    collect all of them with a bitmap scan and sort them: every claim would then sort the
-    whole backlog. Transaction-local, and it changes no result, only the plan."""
-    if is_postgres(connection):
-        connection.exec_driver_sql("SET LOCAL enable_bitmapscan = off")
+@contextlib.contextmanager
+def _due_indexes_walked_in_order(connection: Connection) -> Iterator[None]:
+    """On PostgreSQL, make the claims planned in this block walk their due index in order.
+    Without fresh statistics (a work table that grew since it was last analyzed, as after a
+    reconciliation enqueues a whole collection) the planner expects a handful of due rows and
+    prefers to collect all of them with a bitmap scan and sort them: every claim would then
+    sort the whole backlog. The setting changes no result, only the plan; it is the session's
+    for the block and reset after it, so the claim needs no transaction block around it
+    (`SET LOCAL` would keep one open across the claim's round trips)."""
+    if not is_postgres(connection):
+        yield
+        return
+    connection.exec_driver_sql("SET enable_bitmapscan = off")
+    try:
+        yield
+    finally:
+        if not connection.invalidated:
+            connection.exec_driver_sql("RESET enable_bitmapscan")
 
 
 @functools.lru_cache(maxsize=64)
-def _claim_batch_statement(dialect_name: str, limit: int, lease_seconds: int, by_collection: bool):
+def _claim_batch_statement(
+    dialect_name: str,
+    limit: int,
+    lease_seconds: int,
+    by_collection: bool,
+    while_capture_active: bool,
+):
     """`claim_due_batch`'s UPDATE, built once per shape: the tokens (one per rank) and the
     collection are bound at execution."""
     collection_id = _CLAIM_COLLECTION if by_collection else None
     candidate = _batch_candidates(limit, dialect_name == "postgresql", collection_id)
-    token_for_rank = {
-        rank: bindparam(_token_parameter(rank), type_=Text) for rank in range(1, limit + 1)
-    }
+    token = _CLAIM_TOKENS.relation(dialect_name)
+    conditions = [
+        work.c.collection_id == candidate.c.collection_id,
+        work.c.content_id == candidate.c.content_id,
+        work.c.work_version == candidate.c.work_version,
+        token.c.rank == candidate.c.rank,
+        is_claimable(work),
+    ]
+    if while_capture_active:
+        conditions.append(activation_is_active())
     return (
         update(work)
         .values(
             state=_LEASED,
-            lease_token=case(token_for_rank, value=candidate.c.rank),
+            lease_token=token.c.lease_token,
             lease_expires_at=timestamp_offset(lease_seconds),
             last_attempted_at=now(),
             updated_at=now(),
         )
-        .where(
-            work.c.collection_id == candidate.c.collection_id,
-            work.c.content_id == candidate.c.content_id,
-            work.c.work_version == candidate.c.work_version,
-            is_claimable(work),
-        )
+        .where(*conditions)
         .returning(*work.c)
     )
 
@@ -1055,7 +1073,7 @@ class WorkRepository:
             )
             .returning(*work.c)
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             row = connection.execute(statement).first()
         return WorkRecord.from_row(row._mapping) if row else None
 
@@ -1072,34 +1090,47 @@ class WorkRepository:
         Not in the seed, which claims one row at a time. The candidate subquery picks due rows
         in `find_due_work` order - like it, one branch per due state, each walking its index in
         order and stopping after n rows, so a claim costs the same on any backlog - and
-        numbers them 1..n. SQL has no portable ULID, so n ULIDs are generated beforehand and a
-        CASE maps each number to one; the UPDATE therefore joins the candidates (UPDATE ...
-        FROM) rather than using `pk IN (...)`, so the number travels with its key. It joins on (pk, work_version) and re-asserts the claim guard on
-        the row it writes: a row that someone else claimed or re-enqueued meanwhile is neither
+        numbers them 1..n. SQL has no portable ULID, so n ULIDs are generated beforehand and
+        bound as one relation of (number, token); the UPDATE therefore joins the candidates
+        and the tokens (UPDATE ... FROM) rather than using `pk IN (...)`, so the number travels
+        with its key. It joins on (pk, work_version) and re-asserts the claim guard on the row
+        it writes: a row that someone else claimed or re-enqueued meanwhile is neither
         written nor returned. On PostgreSQL the candidates are locked `FOR UPDATE SKIP LOCKED`,
         so concurrent batches take disjoint rows. Records come back in due order; each is then
         completed, retried, failed or renewed under its own lease. With `collection_id`, only
-        that collection's due rows are candidates. With `while_capture_active`, the same
-        transaction first reads the activation row and claims nothing (None) unless capture is
-        active: EmDash's processor checks that before each claim.
+        that collection's due rows are candidates. With `while_capture_active`, the activation
+        row is read first and nothing is claimed (None) unless capture is active, as EmDash's
+        processor checks before each claim; the UPDATE re-asserts it, so a claim never lands
+        after capture was deactivated. The UPDATE is a statement of its own (no transaction
+        block on PostgreSQL), and records are built once it has committed.
         """
         limit = _due_limit(limit)
         if collection_id is not None:
             require_text(collection_id, "Media usage batch claim collection ID must not be empty")
         lease_seconds = _lease_seconds(lease_seconds)
+        if while_capture_active and not self._capture_active():
+            return None
         tokens = new_ulids(limit)
-        parameters = {_token_parameter(rank): token for rank, token in enumerate(tokens, start=1)}
-        parameters[_CLAIM_COLLECTION.key] = collection_id
-        with self.engine.begin() as connection:
-            if while_capture_active and not capture_active(connection):
-                return None
-            _walk_due_indexes_in_order(connection)
-            statement = _claim_batch_statement(
-                connection.dialect.name, limit, lease_seconds, collection_id is not None
-            )
-            claimed = _records(connection.execute(statement, parameters))
+        dialect_name = self.engine.dialect.name
+        ranked = [{"rank": rank, "lease_token": token} for rank, token in enumerate(tokens, 1)]
+        parameters = {
+            **_CLAIM_TOKENS.bind(dialect_name, ranked),
+            _CLAIM_COLLECTION.key: collection_id,
+        }
+        statement = _claim_batch_statement(
+            dialect_name, limit, lease_seconds, collection_id is not None, while_capture_active
+        )
+        with (
+            single_statement(self.engine) as connection,
+            _due_indexes_walked_in_order(connection),
+        ):
+            rows = connection.execute(statement, parameters).all()
         order = {token: index for index, token in enumerate(tokens)}
-        return sorted(claimed, key=lambda record: order[record.lease_token])
+        return sorted(_records(rows), key=lambda record: order[record.lease_token])
+
+    def _capture_active(self) -> bool:
+        with read_transaction(self.engine) as connection:
+            return capture_active(connection)
 
     def renew_lease(self, lease: WorkLease, lease_seconds: int) -> str | None:
         """Extend a live lease to now + `lease_seconds`; returns the new expiry, or None.
@@ -1122,7 +1153,7 @@ class WorkRepository:
     def complete_work(self, lease: WorkLease) -> bool:
         """Delete the work row: success leaves nothing behind."""
         lease = _validated_lease(lease)
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             result = connection.execute(delete(work).where(_holds_lease(lease)))
         return result.rowcount > 0
 
@@ -1138,7 +1169,7 @@ class WorkRepository:
         statement = delete(work).where(
             work.c.collection_id == collection_id, work.c.change_epoch <= epoch
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement).rowcount
 
     def retry_work(self, lease: WorkLease, retry_delay_seconds: int, error_code: str) -> bool:
@@ -1170,7 +1201,7 @@ class WorkRepository:
             )
             .where(_holds_lease(lease))
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement).rowcount > 0
 
 

@@ -146,7 +146,7 @@ def test_the_probe_on_sqlite_reads_its_indexes_and_sorts_nothing(tmp_path):
 
 def test_batch_claims_skip_locked_rows_on_postgresql_only():
     def sql(dialect) -> str:
-        return str(_claim_batch_statement(dialect.name, 5, 60, True).compile(dialect=dialect))
+        return str(_claim_batch_statement(dialect.name, 5, 60, True, True).compile(dialect=dialect))
 
     assert sql(postgresql.dialect()).count("FOR UPDATE SKIP LOCKED") == 3
     assert "FOR UPDATE" not in sql(sqlite.dialect())

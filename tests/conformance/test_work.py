@@ -33,7 +33,7 @@ from media_usage_orchestration.store.work import (
     WorkLease,
     WorkRecord,
     WorkRepository,
-    _walk_due_indexes_in_order,
+    _due_indexes_walked_in_order,
     due_rows_statement,
 )
 from media_usage_orchestration.values.errors import InvalidCursorError
@@ -1087,9 +1087,8 @@ def plan_lines(db, collection_id: str | None) -> list[str]:
     finally:
         event.remove(db.engine, "before_cursor_execute", capture)
     ((statement, parameters),) = sent
-    with db.engine.connect() as connection, connection.begin():
+    with db.engine.connect() as connection, _due_indexes_walked_in_order(connection):
         if db.is_postgres:
-            _walk_due_indexes_in_order(connection)
             rows = connection.exec_driver_sql("EXPLAIN " + statement, parameters)
             return [row[0] for row in rows]
         rows = connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)

@@ -180,21 +180,39 @@ class recorded_statements:
 
 def waiter_on_table_lock(engine: Engine, table_name: str, timeout_seconds: float) -> bool:
     """Poll pg_locks until some backend waits for a lock on the table (False on timeout)."""
+    return _polled_until_counted(
+        engine,
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = to_regclass(:name)",
+        {"name": table_name},
+        timeout_seconds,
+    )
+
+
+def session_waits_for_lock(engine: Engine, application_name: str, timeout_seconds: float) -> bool:
+    """Poll until a session named `application_name` waits for a lock (a row another
+    transaction holds, say); False on timeout."""
+    return _polled_until_counted(
+        engine,
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE application_name = :name AND wait_event_type = 'Lock'",
+        {"name": application_name},
+        timeout_seconds,
+    )
+
+
+def _polled_until_counted(
+    engine: Engine, counting_sql: str, parameters: dict[str, Any], timeout_seconds: float
+) -> bool:
+    """Run the count until it is positive (True) or the timeout passes (False)."""
     deadline = time.monotonic() + timeout_seconds
     with engine.connect() as monitor:
         while time.monotonic() < deadline:
-            waiting = monitor.execute(
-                text(
-                    "SELECT count(*) FROM pg_locks "
-                    "WHERE NOT granted AND relation = to_regclass(:name)"
-                ),
-                {"name": table_name},
-            ).scalar_one()
+            counted = monitor.execute(text(counting_sql), parameters).scalar_one()
             monitor.rollback()
-            if waiting:
+            if counted:
                 return True
             time.sleep(0.02)
     return False
 
 
-__all__ += ["recorded_statements", "waiter_on_table_lock"]
+__all__ += ["recorded_statements", "session_waits_for_lock", "waiter_on_table_lock"]

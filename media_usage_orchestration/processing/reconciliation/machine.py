@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from media_usage_orchestration.media.fields import FieldDiscovery
 from media_usage_orchestration.media.fingerprints import field_fingerprint
 from media_usage_orchestration.media.sources import CONTENT_SOURCE_SCHEMA_VERSION, SOURCE_VARIANTS
-from media_usage_orchestration.processing.content_reads import load_fields
+from media_usage_orchestration.processing.content_reads import read_fields
 from media_usage_orchestration.processing.reconciliation.model import (
     INVALID_SOURCE,
     PAGE_SIZE,
@@ -21,7 +21,7 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ReconciliationOutcome,
     ScanOutcome,
 )
-from media_usage_orchestration.store.core.engine import Engine, read_transaction
+from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.reconciliations import (
     ReconciliationClaim,
     ReconciliationPhase,
@@ -45,8 +45,7 @@ class RunFields:
 
 
 def load_run_fields(engine: Engine, claim: ReconciliationRecord) -> RunFields:
-    with read_transaction(engine) as connection:
-        discovery = load_fields(connection, claim.collection_slug, claim.collection_id)
+    discovery = read_fields(engine, claim.collection_slug, claim.collection_id)
     return RunFields(discovery, field_fingerprint(discovery))
 
 

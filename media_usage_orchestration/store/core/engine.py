@@ -3,7 +3,8 @@
 SQLite (embedded default): WAL so readers never block the writer, a generous busy timeout,
 foreign keys on, and `BEGIN IMMEDIATE` for every transaction that may write: pysqlite's
 deferred BEGIN would fail with SQLITE_BUSY at the first write without waiting.
-PostgreSQL: psycopg 3, READ COMMITTED, one statement per guarded step, a plan per execution.
+PostgreSQL: psycopg 3, READ COMMITTED, one statement per guarded step, a plan per execution,
+sessions named `APPLICATION_NAME` in `pg_stat_activity` (unless the URL or the caller names them).
 Both: statement errors never carry bound values (lease and run tokens are bound parameters).
 
 A read-only engine (`read_only=True`, for verbs that only look) changes nothing: SQLite opens
@@ -44,6 +45,8 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # A pooled PostgreSQL connection idle this long is pinged before use; one used more recently
 # is trusted (a failure then is a transient error, which the steps retry).
 PING_AFTER_IDLE_SECONDS = 10.0
+# How the project's PostgreSQL sessions appear in `pg_stat_activity` and the server's logs.
+APPLICATION_NAME = "media_usage_orchestration"
 _IDLE_SINCE = "media_usage_idle_since"
 _READ_ONLY = "media_usage_read_only"
 # Query parameters whose values are never shown: libpq's password settings, the password
@@ -166,7 +169,10 @@ def create_database_engine(url: str | URL, *, read_only: bool = False, **engine_
 
 
 def _create_postgres_engine(url: URL, read_only: bool, **engine_options) -> Engine:
-    engine = create_engine(url, **engine_options)
+    connect_args = dict(engine_options.pop("connect_args", None) or {})
+    if "application_name" not in url.query:
+        connect_args.setdefault("application_name", APPLICATION_NAME)
+    engine = create_engine(url, connect_args=connect_args, **engine_options)
     _ping_after_idle(engine)
 
     @event.listens_for(engine, "connect")
@@ -295,6 +301,16 @@ def single_statement(engine: Engine) -> Iterator[Connection]:
 
 
 @contextlib.contextmanager
+def independent_statements(engine: Engine) -> Iterator[Connection]:
+    """For writes that are each atomic by themselves, each with its guard in its own WHERE
+    clause, and need no isolation from one another: on PostgreSQL each commits on its own, so
+    no transaction stays open between them (nor across the client's work between them);
+    SQLite runs them in one `BEGIN IMMEDIATE` transaction (one write lock, one commit)."""
+    with _without_transaction_block_on_postgres(engine, read_only=False) as connection:
+        yield connection
+
+
+@contextlib.contextmanager
 def _without_transaction_block_on_postgres(engine: Engine, *, read_only: bool):
     """A connection inside `begin()`: on SQLite that is `BEGIN` (read-only) or `BEGIN
     IMMEDIATE`; on PostgreSQL the driver runs each statement on its own (autocommit)."""
@@ -366,6 +382,7 @@ def is_transient_database_error(error: BaseException) -> bool:
 
 
 __all__ = [
+    "APPLICATION_NAME",
     "CONNECTION_ERRORS",
     "DATABASE_URL_ENV",
     "DEFAULT_SQLITE_PATH",
@@ -379,6 +396,7 @@ __all__ = [
     "compact_json",
     "create_database_engine",
     "default_database_url",
+    "independent_statements",
     "is_missing_table",
     "is_postgres",
     "is_transient_database_error",

@@ -1,16 +1,20 @@
 """Canonical source projection for many sources of one collection at once.
 
 The single-row protocol (`source_writes.SourceRepository`) writes each source in transactions
-of its own; `write_collection_batch` writes a batch in one transaction and a fixed number of
-statements, with the rows bound as JSON relations (`JsonRows`). The single-row functions and
-methods that the docstrings below name are those of `source_writes`.
+of its own; `write_collection_batch` writes a batch in a fixed number of statements, with the
+rows bound as JSON relations (`JsonRows`): the write leases, the occurrences, the new and the
+changed sources and the lease release one statement each, the removals in one transaction.
+No transaction stays open while the rows are built, and none relies on isolation between its
+statements: each write carries its guards. The single-row functions and methods that the
+docstrings below name are those of `source_writes`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -29,9 +33,11 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from media_usage_orchestration.store.core.clock import lease_live_at_clock, timestamp_offset
+from media_usage_orchestration.store.core.engine import independent_statements, single_statement
 from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.predicates import registry_identity_is_current
 from media_usage_orchestration.store.core.schema import (
@@ -62,6 +68,8 @@ from media_usage_orchestration.values.source_records import (
     occurrence_rows,
     published_values,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,17 +110,53 @@ def write_collection_batch(
     removals: Sequence[Removal] = (),
 ) -> BatchWriteResult:
     """`replace_source_if_matching` and the guarded deletes for many canonical sources of
-    one collection, in one transaction and a fixed number of statements: every row keeps
-    its own guards (its write lease, its expected columns, its content row), so each row
-    lands or not exactly as it would alone."""
+    one collection, in a fixed number of statements: every row keeps its own guards (its
+    write lease, its expected columns, its content row), so each row lands or not exactly as
+    it would alone.
+
+    Nothing relies on isolation between statements, only on the guards each one carries:
+    the write leases are taken in a statement of their own (as one by one), the rows are
+    then built and bound with no transaction open, the occurrences and each kind of source
+    write are statements of their own (on PostgreSQL each commits by itself), the leases are
+    released, and the removals run in one transaction (as `_delete_source`). Occurrences may
+    thus commit before their source's write: a generation whose write loses is left behind
+    under its write lease either way, an abandoned generation for the projection GC."""
     require_text(collection_id, "Media usage batch writes require a collection ID")
     _require_batch_members(collection_id, collection_slug, publications, removals)
-    with engine.begin() as connection:
-        batch = _CollectionBatch(connection, collection_id, collection_slug)
-        published = batch.publish(publications) if publications else frozenset()
-        ready = [removal for removal in removals if removal.after <= published]
-        removed = batch.remove(ready) if ready else frozenset()
+    identity = {
+        _BATCH_COLLECTION_ID.key: collection_id,
+        _BATCH_COLLECTION_SLUG.key: collection_slug,
+    }
+    leased = _take_write_leases(engine, identity, _Prepared.all_of(publications))
+    try:
+        published = _publish(engine, collection_slug, identity, leased)
+    finally:
+        _release_write_leases(engine, leased)
+    ready = [removal for removal in removals if removal.after <= published]
+    removed = _remove(engine, collection_slug, identity, ready)
     return BatchWriteResult(published, removed)
+
+
+def _publish(
+    engine: Engine, collection_slug: str, identity: Mapping[str, str], leased: list[_Prepared]
+) -> frozenset[str]:
+    """The leased publications: their rows built and bound first, then the occurrences and
+    the guarded source writes, each statement on its own (`independent_statements`)."""
+    if not leased:
+        return frozenset()
+    bound = _BoundPublications.of(engine.dialect.name, leased)
+    with independent_statements(engine) as connection:
+        return _CollectionBatch(connection, collection_slug, identity).publish(bound)
+
+
+def _remove(
+    engine: Engine, collection_slug: str, identity: Mapping[str, str], ready: list[Removal]
+) -> frozenset[str]:
+    """The guarded deletes in one transaction (`_delete_source`)."""
+    if not ready:
+        return frozenset()
+    with engine.begin() as connection:
+        return _CollectionBatch(connection, collection_slug, identity).remove(ready)
 
 
 # --- guards -----------------------------------------------------------------------------------
@@ -233,12 +277,27 @@ def _batch_identity_is_current() -> ColumnElement[bool]:
     return registry_identity_is_current(_BATCH_COLLECTION_ID, _BATCH_COLLECTION_SLUG)
 
 
-def _publication_guard(collection_slug: str, rows) -> ColumnElement[bool]:
-    """`_publish`'s guard for each row: its live write lease, the collection identity, and
-    its content row still as snapshotted."""
+def _batch_identity_is_current_and_held(dialect_name: str) -> ColumnElement[bool]:
+    """The collection identity is current and, on PostgreSQL, its registry row stays
+    share-locked until the statement commits (`SourceRepository._lock_collection`), so the
+    collection cannot be removed between this guard and the publication's commit."""
+    if dialect_name != "postgresql":
+        return _batch_identity_is_current()
+    registry = collections.alias("held_collection")
+    return exists(
+        select(literal(1))
+        .select_from(registry)
+        .where(registry.c.id == _BATCH_COLLECTION_ID, registry.c.slug == _BATCH_COLLECTION_SLUG)
+        .with_for_update(read=True, key_share=True)
+    )
+
+
+def _publication_guard(dialect_name: str, collection_slug: str, rows) -> ColumnElement[bool]:
+    """`_publish`'s guard for each row: its live write lease, the collection identity (its
+    registry row held), and its content row still as snapshotted."""
     return and_(
         _rows_write_lease_is_live(rows),
-        _batch_identity_is_current(),
+        _batch_identity_is_current_and_held(dialect_name),
         _rows_content_is_current(collection_slug, rows),
     )
 
@@ -289,7 +348,7 @@ def _insert_new_statement(dialect_name: str, collection_slug: str, names: tuple[
     rows = _published_rows_of("new_source", names).relation(dialect_name)
     written = [name for name in names if name != "lease_token"]
     selected = select(*(rows.c[name] for name in written)).where(
-        _publication_guard(collection_slug, rows)
+        _publication_guard(dialect_name, collection_slug, rows)
     )
     return (
         dialect_insert(dialect_name, sources)
@@ -310,7 +369,7 @@ def _update_changed_statement(dialect_name: str, collection_slug: str, names: tu
         .where(
             sources.c.source_key == rows.c.source_key,
             _source_matches_rows(rows),
-            _publication_guard(collection_slug, rows),
+            _publication_guard(dialect_name, collection_slug, rows),
         )
         .values({name: rows.c[name] for name in written})
         .returning(sources.c.source_key)
@@ -352,6 +411,8 @@ class _Prepared:
     publication: Publication
     generation: str
     lease_token: str
+    # The database time its write lease was granted at: the publication's timestamps.
+    leased_at: str = ""
 
     @classmethod
     def all_of(cls, publications: Sequence[Publication]) -> list[_Prepared]:
@@ -366,128 +427,162 @@ class _Prepared:
     def source_key(self) -> str:
         return self.publication.source.source_key
 
-    def row(self, now: str) -> dict[str, Any]:
-        values = published_values(self.publication.source, self.generation, now)
+    def row(self) -> dict[str, Any]:
+        values = published_values(self.publication.source, self.generation, self.leased_at)
         values["lease_token"] = self.lease_token
         if self.publication.expected is not None:
             values.update(_expected_values(self.publication.expected))
         return values
 
 
-class _CollectionBatch:
-    """The statements of one batch transaction for the collection (collection_id, slug)."""
+def _take_write_leases(
+    engine: Engine, identity: Mapping[str, str], prepared: Sequence[_Prepared]
+) -> list[_Prepared]:
+    """One write lease per source in one statement, granted only while the collection
+    identity is current (`_take_write_lease`); returns the granted ones, each with its lease's
+    `created_at` (its publication time)."""
+    if not prepared:
+        return []
+    rows = [
+        {
+            "source_key": item.source_key,
+            "generation": item.generation,
+            "lease_token": item.lease_token,
+        }
+        for item in prepared
+    ]
+    with single_statement(engine) as connection:
+        dialect = connection.dialect.name
+        found = connection.execute(
+            _write_lease_statement(dialect), {**identity, **_LEASE_ROWS.bind(dialect, rows)}
+        ).all()
+    leased_at = {row.source_key: row.created_at for row in found}
+    return [
+        replace(item, leased_at=leased_at[item.source_key])
+        for item in prepared
+        if item.source_key in leased_at
+    ]
 
-    def __init__(self, connection: Connection, collection_id: str, collection_slug: str) -> None:
+
+def _release_write_leases(engine: Engine, leased: Sequence[_Prepared]) -> None:
+    """`_release_write_lease` for every lease of the batch in one statement."""
+    if not leased:
+        return
+    tokens = [item.lease_token for item in leased]
+    statement = delete(generation_writes).where(generation_writes.c.lease_token.in_(tokens))
+    try:
+        with single_statement(engine) as connection:
+            connection.execute(statement)
+    except SQLAlchemyError:
+        # An unreleased lease only delays GC of these generations until it expires.
+        logger.exception("Failed to release media usage generation write leases")
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """One statement's shape (its column names) and its bound rows."""
+
+    names: tuple[str, ...]
+    parameters: Any
+
+
+@dataclass(frozen=True)
+class _BoundPublications:
+    """The leased publications' rows, built and bound before their transaction begins:
+    occurrences, sources observed absent (inserted) and present (updated)."""
+
+    occurrences: _Bound | None
+    new: _Bound | None
+    changed: _Bound | None
+
+    @classmethod
+    def of(cls, dialect: str, leased: Sequence[_Prepared]) -> _BoundPublications:
+        rows = [item.row() for item in leased]
+        return cls(
+            _bind_occurrences(dialect, leased),
+            _bind_sources(dialect, "new_source", [r for r in rows if _is_new(r)]),
+            _bind_sources(dialect, "changed_source", [r for r in rows if not _is_new(r)]),
+        )
+
+
+def _is_new(row: Mapping[str, Any]) -> bool:
+    return "expected_current_generation" not in row
+
+
+def _bind_occurrences(dialect: str, leased: Sequence[_Prepared]) -> _Bound | None:
+    """Occurrences of the fresh generations, for one statement (no guard of their own: a
+    generation is only published by its source's guarded write, and collected if not).
+
+    SQLite re-parses a JSON row's text for every value it extracts, so there the rows go to
+    the driver's `executemany`; PostgreSQL reads a JSON relation in one pass, faster than one
+    execution per row."""
+    ids = iter(new_ulids(sum(len(item.publication.source.occurrences) for item in leased)))
+    rows = [
+        row
+        for item in leased
+        for row in occurrence_rows(
+            item.source_key,
+            item.generation,
+            item.publication.source.occurrences,
+            item.leased_at,
+            [next(ids) for _ in item.publication.source.occurrences],
+        )
+    ]
+    if not rows:
+        return None
+    names = tuple(rows[0])
+    if dialect == "sqlite":
+        return _Bound(names, rows)
+    return _Bound(names, _occurrence_rows_of(names).bind(dialect, rows))
+
+
+def _bind_sources(dialect: str, relation: str, rows: Sequence[dict[str, Any]]) -> _Bound | None:
+    if not rows:
+        return None
+    names = tuple(rows[0])
+    return _Bound(names, _published_rows_of(relation, names).bind(dialect, rows))
+
+
+class _CollectionBatch:
+    """The statements of one batch for the collection (collection_id, slug)."""
+
+    def __init__(
+        self, connection: Connection, collection_slug: str, identity: Mapping[str, str]
+    ) -> None:
         self.connection = connection
         self.dialect = connection.dialect.name
         self.collection_slug = collection_slug
-        self.identity = {
-            _BATCH_COLLECTION_ID.key: collection_id,
-            _BATCH_COLLECTION_SLUG.key: collection_slug,
-        }
+        self.identity = identity
 
-    def execute(self, statement, relation: JsonRows, rows, **parameters):
-        bound = relation.bind(self.dialect, rows)
-        return self.connection.execute(statement, {**self.identity, **bound, **parameters})
+    def execute(self, statement, parameters: Mapping[str, Any]):
+        return self.connection.execute(statement, {**self.identity, **parameters})
 
     # -- publication ---------------------------------------------------------------------------
 
-    def publish(self, publications: Sequence[Publication]) -> frozenset[str]:
-        if not self.lock_collection():
-            return frozenset()
-        prepared = _Prepared.all_of(publications)
-        leased_at = self.take_write_leases(prepared)
-        prepared = [item for item in prepared if item.source_key in leased_at]
-        if not prepared:
-            return frozenset()
-        self.insert_occurrences(prepared, leased_at)
-        rows = [item.row(leased_at[item.source_key]) for item in prepared]
-        new = [row for row in rows if "expected_current_generation" not in row]
-        changed = [row for row in rows if "expected_current_generation" in row]
-        published = self.insert_new(new) | self.update_changed(changed)
-        self.release_write_leases(prepared)
-        return frozenset(published)
+    def publish(self, bound: _BoundPublications) -> frozenset[str]:
+        self.insert_occurrences(bound.occurrences)
+        return frozenset(self.insert_new(bound.new) | self.update_changed(bound.changed))
 
-    def lock_collection(self) -> bool:
-        """`SourceRepository._lock_collection` for the whole batch."""
-        if self.dialect != "postgresql":
-            return True
-        statement = (
-            select(collections.c.id)
-            .where(
-                collections.c.id == _BATCH_COLLECTION_ID,
-                collections.c.slug == _BATCH_COLLECTION_SLUG,
-            )
-            .with_for_update(read=True, key_share=True)
-        )
-        return self.connection.execute(statement, self.identity).first() is not None
-
-    def take_write_leases(self, prepared: Sequence[_Prepared]) -> dict[str, str]:
-        """One write lease per source, granted only while the collection identity is current;
-        returns each granted source's lease `created_at` (its publication time)."""
-        rows = [
-            {
-                "source_key": item.source_key,
-                "generation": item.generation,
-                "lease_token": item.lease_token,
-            }
-            for item in prepared
-        ]
-        statement = _write_lease_statement(self.dialect)
-        found = self.execute(statement, _LEASE_ROWS, rows)
-        return {row.source_key: row.created_at for row in found}
-
-    def insert_occurrences(
-        self, prepared: Sequence[_Prepared], leased_at: Mapping[str, str]
-    ) -> None:
-        """Occurrences of the fresh generations in one statement (no guard of their own: a
-        generation is only published by its source's guarded write, and collected if not).
-
-        SQLite re-parses a JSON row's text for every value it extracts, so there the rows go
-        to the driver's `executemany`; PostgreSQL reads a JSON relation in one pass, faster
-        than one execution per row."""
-        ids = iter(new_ulids(sum(len(item.publication.source.occurrences) for item in prepared)))
-        rows = [
-            row
-            for item in prepared
-            for row in occurrence_rows(
-                item.source_key,
-                item.generation,
-                item.publication.source.occurrences,
-                leased_at[item.source_key],
-                [next(ids) for _ in item.publication.source.occurrences],
-            )
-        ]
-        if not rows:
+    def insert_occurrences(self, bound: _Bound | None) -> None:
+        if bound is None:
             return
-        names = tuple(rows[0])
         if self.dialect == "sqlite":
-            execute_many(self.connection, _OCCURRENCE_INSERT, rows, names)
+            execute_many(self.connection, _OCCURRENCE_INSERT, bound.parameters, bound.names)
         else:
-            statement = _occurrence_insert_statement(self.dialect, names)
-            self.execute(statement, _occurrence_rows_of(names), rows)
+            statement = _occurrence_insert_statement(self.dialect, bound.names)
+            self.execute(statement, bound.parameters)
 
-    def insert_new(self, rows: Sequence[dict[str, Any]]) -> set[str]:
-        if not rows:
+    def insert_new(self, bound: _Bound | None) -> set[str]:
+        if bound is None:
             return set()
-        names = tuple(rows[0])
-        statement = _insert_new_statement(self.dialect, self.collection_slug, names)
-        relation = _published_rows_of("new_source", names)
-        return set(self.execute(statement, relation, rows).scalars())
+        statement = _insert_new_statement(self.dialect, self.collection_slug, bound.names)
+        return set(self.execute(statement, bound.parameters).scalars())
 
-    def update_changed(self, rows: Sequence[dict[str, Any]]) -> set[str]:
-        if not rows:
+    def update_changed(self, bound: _Bound | None) -> set[str]:
+        if bound is None:
             return set()
-        names = tuple(rows[0])
-        statement = _update_changed_statement(self.dialect, self.collection_slug, names)
-        found = self.execute(statement, _published_rows_of("changed_source", names), rows)
-        return set(found.scalars())
-
-    def release_write_leases(self, prepared: Sequence[_Prepared]) -> None:
-        tokens = [item.lease_token for item in prepared]
-        self.connection.execute(
-            delete(generation_writes).where(generation_writes.c.lease_token.in_(tokens))
-        )
+        statement = _update_changed_statement(self.dialect, self.collection_slug, bound.names)
+        return set(self.execute(statement, bound.parameters).scalars())
 
     # -- removal -------------------------------------------------------------------------------
 
@@ -504,7 +599,8 @@ class _CollectionBatch:
         ]
         statement = _removal_statement(self.dialect, self.collection_slug)
         keys = [row["source_key"] for row in rows]
-        found = self.execute(statement, _REMOVAL_ROWS, rows, source_keys=keys)
+        bound = _REMOVAL_ROWS.bind(self.dialect, rows)
+        found = self.execute(statement, {**bound, "source_keys": keys})
         deleted = {row.source_key: row.current_generation for row in found}
         if deleted:
             self.delete_generations(deleted)

@@ -39,7 +39,11 @@ from sqlalchemy.sql.elements import ColumnElement
 from ulid import ULID
 
 from media_usage_orchestration.store.core.clock import lease_live_at_clock, timestamp_offset
-from media_usage_orchestration.store.core.engine import is_postgres, read_transaction
+from media_usage_orchestration.store.core.engine import (
+    is_postgres,
+    read_transaction,
+    single_statement,
+)
 from media_usage_orchestration.store.core.predicates import registry_identity_is_current
 from media_usage_orchestration.store.core.schema import (
     collections,
@@ -293,7 +297,7 @@ class SourceRepository:
             )
             .returning(generation_writes.c.created_at)
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement).scalar_one_or_none()
 
     def _publish(
@@ -311,10 +315,11 @@ class SourceRepository:
             collection_is_current(source.collection_id, source.collection_slug),
             canonical_content_is_current(values),
         )
+        rows = occurrence_rows(source.source_key, generation, items, now)
         with self.engine.begin() as connection:
             if not self._lock_collection(connection, source):
                 return False
-            self._insert_occurrences(connection, source.source_key, generation, items, now)
+            self._insert_occurrences(connection, rows)
             if expected is None:
                 statement = _insert_if_absent_statement(connection, values, guard)
                 return connection.execute(statement).first() is not None
@@ -346,14 +351,7 @@ class SourceRepository:
         return connection.execute(statement).first() is not None
 
     @staticmethod
-    def _insert_occurrences(
-        connection: Connection,
-        source_key: str,
-        generation: str,
-        items: Sequence[OccurrenceValues],
-        now: str,
-    ) -> None:
-        rows = occurrence_rows(source_key, generation, items, now)
+    def _insert_occurrences(connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         for start in range(0, len(rows), OCCURRENCE_INSERT_BATCH):
             batch = rows[start : start + OCCURRENCE_INSERT_BATCH]
             connection.execute(occurrences.insert().values(batch))
@@ -365,7 +363,7 @@ class SourceRepository:
             generation_writes.c.lease_token == lease_token,
         )
         try:
-            with self.engine.begin() as connection:
+            with single_statement(self.engine) as connection:
                 connection.execute(statement)
         except SQLAlchemyError:
             # An unreleased lease only delays GC of this generation until it expires.

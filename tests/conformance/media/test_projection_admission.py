@@ -24,7 +24,6 @@ from media_usage_orchestration.processing.content_reads import load_content_snap
 from media_usage_orchestration.processing.projection import plan_projection_admission
 from media_usage_orchestration.processing.work import WorkOutcome, process_work_after_write
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.core.engine import read_transaction
 from media_usage_orchestration.store.sources.writes import SourceRepository
 from media_usage_orchestration.values.source_records import SourceRow
 from tests.support.projection import (
@@ -142,8 +141,7 @@ def stored_entry_snapshots(engine, title: str, draft_title: str):
     )
     writer.insert_entry("admission", {"id": "entry-1", "slug": "entry-1", "title": title})
     writer.save_draft("admission", "entry-1", {"title": draft_title, "hero": "media-draft"})
-    with read_transaction(engine) as connection:
-        loaded = load_content_snapshots(connection, "admission", "entry-1", collection.id)
+    loaded = load_content_snapshots(engine, "admission", "entry-1", collection.id)
     repository = SourceRepository(engine)
     for snapshot in loaded.snapshots:
         assert repository.replace_source_if_matching(snapshot, None, None).replaced
@@ -213,10 +211,7 @@ def test_the_occurrence_boundary_is_admitted_and_an_oversized_exact_projection_i
     assert current_occurrence_count(db.engine, canonical_key(collection, "boundary")) == 12
 
     insert_measured_entry(db.engine, collection.slug, "oversized-no-op", 13)
-    with read_transaction(db.engine) as connection:
-        loaded = load_content_snapshots(
-            connection, collection.slug, "oversized-no-op", collection.id
-        )
+    loaded = load_content_snapshots(db.engine, collection.slug, "oversized-no-op", collection.id)
     (columns,) = loaded.snapshots
     assert SourceRepository(db.engine).replace_source_if_matching(columns, None, None).replaced
     stored = find_source(db.engine, columns.source_key)
@@ -245,10 +240,7 @@ def test_oversized_source_bytes_fail_without_mutation(db):
 def test_oversized_absent_source_cleanup_fails_without_mutation(db):
     collection = active_collection(db.engine, "admission_runtime", ADMISSION_FIELDS)
     insert_measured_entry(db.engine, collection.slug, "oversized-delete", 13)
-    with read_transaction(db.engine) as connection:
-        loaded = load_content_snapshots(
-            connection, collection.slug, "oversized-delete", collection.id
-        )
+    loaded = load_content_snapshots(db.engine, collection.slug, "oversized-delete", collection.id)
     (columns,) = loaded.snapshots
     assert SourceRepository(db.engine).replace_source_if_matching(columns, None, None).replaced
     stored = find_source(db.engine, columns.source_key)

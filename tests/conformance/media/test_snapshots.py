@@ -34,8 +34,7 @@ def posts(db):
 
 
 def load(engine, collection_id: str, content_id: str = "entry-1"):
-    with read_transaction(engine) as connection:
-        return load_content_snapshots(connection, "posts", content_id, collection_id)
+    return load_content_snapshots(engine, "posts", content_id, collection_id)
 
 
 def point_draft_at(engine, revision_id: str, data: str, entry_id: str = "entry-1") -> None:

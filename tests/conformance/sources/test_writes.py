@@ -10,7 +10,6 @@ from sqlalchemy import delete, text, update
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.content_reads import load_content_snapshots
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.core.engine import read_transaction
 from media_usage_orchestration.store.sources.writes import UNKNOWN_COMPLETENESS, SourceRepository
 from tests.support.factories import insert_occurrences, insert_revision
 from tests.support.projection import image, total_rows
@@ -28,8 +27,7 @@ def posts(db):
 
 
 def snapshots(engine, collection, content_id: str = "entry-1"):
-    with read_transaction(engine) as connection:
-        loaded = load_content_snapshots(connection, collection.slug, content_id, collection.id)
+    loaded = load_content_snapshots(engine, collection.slug, content_id, collection.id)
     assert loaded.success
     return loaded.snapshots
 
