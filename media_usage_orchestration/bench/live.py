@@ -24,6 +24,7 @@ the idle window are not launched in it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
@@ -127,7 +128,7 @@ def edit_target(load: LiveLoad, collections: Sequence[Collection], index: int):
     """Edit `index`'s collection and entry id: round-robin over the collections, then over
     each collection's entries."""
     collection_index = index % len(collections)
-    slug, prefix = LIVE_COLLECTIONS[collection_index]
+    prefix = LIVE_COLLECTIONS[collection_index][1]
     entry = (index // len(collections)) % entries_per_collection(load)
     return collections[collection_index], f"{prefix}-e{entry:05d}"
 
@@ -243,7 +244,7 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
 
 
 def _median_gap(times: Sequence[float]) -> float | None:
-    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     return statistics.median(gaps) if gaps else None
 
 
