@@ -164,10 +164,11 @@ def group_alive(group: int) -> bool:
         os.killpg(group, 0)
     except ProcessLookupError:
         return False
-    return any(_running_in_group(group))
+    return any(running_in_group(group))
 
 
-def _running_in_group(group: int) -> Iterator[int]:
+def running_in_group(group: int) -> Iterator[int]:
+    """The pids of the group's processes that are not zombies."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -196,4 +197,10 @@ def _wait_until_ticking(daemon: RunningDaemon) -> None:
     )
 
 
-__all__ = ["RunningDaemon", "daemon_command", "running_daemon", "stop_process_group"]
+__all__ = [
+    "RunningDaemon",
+    "daemon_command",
+    "running_daemon",
+    "running_in_group",
+    "stop_process_group",
+]

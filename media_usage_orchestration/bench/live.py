@@ -37,7 +37,7 @@ from datetime import datetime
 
 import click
 
-from media_usage_orchestration.bench.daemon import RunningDaemon, running_daemon
+from media_usage_orchestration.bench.daemon import RunningDaemon, running_daemon, running_in_group
 from media_usage_orchestration.bench.database import (
     console,
     coverage_is_complete,
@@ -269,7 +269,10 @@ def run_live(load: LiveLoad) -> dict:
             "coverage complete; starting dagster-daemon"
         )
         with running_daemon(load.url, [each.slug for each in collections]) as daemon:
-            return _measure(engine, load, collections, daemon)
+            record = _measure(engine, load, collections, daemon)
+        # The daemon's group is its own: whatever of it still runs was left behind.
+        record["processes_left"] = len(list(running_in_group(daemon.process.pid)))
+        return record
     finally:
         engine.dispose()
 
