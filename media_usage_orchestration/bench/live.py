@@ -211,14 +211,15 @@ class LiveRun:
     started: float | None
     ended: float | None
     in_flight: bool
+    events: int  # entries of its event log
 
 
 def live_runs(daemon: RunningDaemon) -> list[LiveRun]:
     instance = daemon.instance
     runs = []
     for record in instance.get_run_records():
-        first = instance.get_records_for_run(record.dagster_run.run_id, limit=1).records
-        created = first[0].timestamp if first else record.create_timestamp.timestamp()
+        events = instance.get_records_for_run(record.dagster_run.run_id).records
+        created = events[0].timestamp if events else record.create_timestamp.timestamp()
         runs.append(
             LiveRun(
                 record.dagster_run.job_name,
@@ -226,6 +227,7 @@ def live_runs(daemon: RunningDaemon) -> list[LiveRun]:
                 record.start_time,
                 record.end_time,
                 record.dagster_run.status in IN_FLIGHT_STATUSES,
+                len(events),
             )
         )
     return sorted(runs, key=lambda run: run.created)
@@ -317,11 +319,9 @@ def live_record(
     latencies = watch.latencies(edits)
     during = [run for run in runs if load_window.holds(run.created)]
     in_idle = [run for run in runs if idle.holds(run.created)]
-    work_starts = [
-        run.started - run.created
-        for run in during
-        if run.job_name == media_usage_work.name and run.started is not None
-    ]
+    work_runs = [run for run in during if run.job_name == media_usage_work.name]
+    work_starts = [run.started - run.created for run in work_runs if run.started is not None]
+    work_events = [run.events for run in work_runs if not run.in_flight]
     record = {
         "workload": "live",
         "dialect": engine.dialect.name,
@@ -351,6 +351,10 @@ def live_record(
         "work_run_start_seconds": {
             "median": _rounded(statistics.median(work_starts) if work_starts else None),
             "max": _rounded(max(work_starts, default=None)),
+        },
+        "work_run_events": {
+            "median": statistics.median(work_events) if work_events else None,
+            "max": max(work_events, default=None),
         },
         "work_sensor_tick_interval_seconds": _rounded(
             _median_gap([tick.timestamp for tick in ticks])
