@@ -1,13 +1,13 @@
 """The work op: claim one collection's due work (the sensor names the collection; a run launched
 without one takes the collection whose work is due earliest) in batches and project each
 entry, within a budget; then wait up to `linger_seconds` for more of its work, and drain that
-too, so a burst of edits is projected by the run already there. A lingering run gives its slot
-up (it ends) when another collection's work waits for a run because the sensor's `max_work_runs`
-work runs are in flight, and it is the oldest of them. The run's tags say what it did:
-`media_usage/outcome`
-(`projected`, `failed_work`, `retrying`, `superseded`, or why it claimed nothing, such as
-`nothing_due`) and the counts `media_usage/claimed`, `media_usage/completed`,
-`media_usage/retried` and `media_usage/failed`."""
+too, so a burst of edits is projected by the run already there (coverage is recorded as a
+burst empties the queue, at most every 10 s while bursts follow). A lingering run gives its
+slot up (it ends) when another collection's work waits for a run because the sensor's
+`max_work_runs` work runs are in flight, and it is the oldest of them. The run's tags say what
+it did: `media_usage/outcome` (`projected`, `failed_work`, `retrying`, `superseded`, or why it
+claimed nothing, such as `nothing_due`) and the counts `media_usage/claimed`,
+`media_usage/completed`, `media_usage/retried` and `media_usage/failed`."""
 
 from collections import Counter
 from collections.abc import Callable
@@ -96,10 +96,12 @@ def drain_due_work(
         slug = read_collection_slug(database.engine, collection_id)
         tag_run_collection(context, slug)
 
-        def record_burst(burst: WorkDrain) -> None:
-            # Each collection's coverage as soon as its queue is empty, not when the run ends.
-            record_drained_coverage(context, database.engine, burst, budget.elapsed_seconds())
-
+        coverage = CoverageRecorder(
+            lambda bursts: record_drained_coverage(
+                context, database.engine, bursts, budget.elapsed_seconds()
+            ),
+            budget.elapsed_seconds,
+        )
         linger = _linger(context, database.engine, config, collection_id)
         with logged_progress(context, "work", "items", total=config.max_items) as progress:
             drained = run_loop.drain_while_work_arrives(
@@ -108,9 +110,10 @@ def drain_due_work(
                 config.batch_size,
                 collection_id,
                 linger,
-                on_burst=record_burst,
+                on_burst=coverage.burst,
                 progress=progress.counting(lambda batch: batch.counts.claimed),
             )
+        coverage.flush()
     context.log.info(drained.summary(slug))
     for waiting in getattr(linger, "yielded_to", ()):
         context.log.info(f"Stopped waiting for more work: {waiting} waits for a work run.")
@@ -126,6 +129,45 @@ def _earliest_due_collection(engine: Engine) -> str | None:
     that the Runs filter on its collection finds it like every sensor run."""
     due = due_work_by_collection(engine, MAX_DUE_WORK_COLLECTIONS)
     return due[0].collection_id if due else None
+
+
+# --- coverage as bursts empty the queue -----------------------------------------------------
+
+# A lingering run drains a burst per edit: their coverage is recorded at most this often (two
+# materializations and a check evaluation each), the bursts in between summed into the next.
+COVERAGE_RECORD_SECONDS = 10.0
+
+
+class CoverageRecorder:
+    """Records each collection's coverage as soon as a burst empties its queue, not when the
+    run ends: the run's first burst and any burst with items failed for good at once (a
+    failing check must not wait), later ones at most every `interval` seconds, the bursts in
+    between summed into the next recording or into `flush` when the run ends."""
+
+    def __init__(
+        self,
+        record: Callable[[WorkDrain], None],
+        clock: Callable[[], float],
+        interval: float = COVERAGE_RECORD_SECONDS,
+    ) -> None:
+        self.record = record
+        self.clock = clock
+        self.interval = interval
+        self.pending: WorkDrain | None = None
+        self.recorded_at: float | None = None
+
+    def burst(self, burst: WorkDrain) -> None:
+        self.pending = burst if self.pending is None else self.pending + burst
+        due = self.recorded_at is None or self.clock() - self.recorded_at >= self.interval
+        if due or burst.failed_by_collection:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending is None:
+            return
+        bursts, self.pending = self.pending, None
+        self.recorded_at = self.clock()
+        self.record(bursts)
 
 
 # --- giving the slot up ----------------------------------------------------------------------

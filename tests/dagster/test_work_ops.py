@@ -32,7 +32,7 @@ from media_usage_orchestration.ops.work import drain_due_work
 from media_usage_orchestration.processing import run_loop
 from media_usage_orchestration.processing.retry_policy import WORK_RETRY
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import process_due_batch
+from media_usage_orchestration.processing.work import WorkCounts, process_due_batch
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.activation import claim_activation
 from media_usage_orchestration.store.core import engine as engine_module
@@ -180,6 +180,50 @@ def test_a_yielding_linger_still_drains_its_own_work_and_waits_out_its_time():
     assert clock.now == 1.0
     assert linger.wait_for_work(budget, lambda: False) is False
     assert (clock.now, linger.yielded_to) == (4.0, [])
+
+
+def _burst(completed: int, failed: int = 0) -> run_loop.WorkDrain:
+    posts = ("posts-id", "posts")
+    return run_loop.WorkDrain(
+        run_loop.WorkDrainEnd.NOTHING_DUE,
+        WorkCounts(claimed=completed + failed, completed=completed, failed=failed),
+        {posts: completed} if completed else {},
+        {posts: failed} if failed else {},
+    )
+
+
+def test_coverage_is_recorded_at_the_first_burst_then_at_most_every_interval_and_at_the_end():
+    clock, recorded = _Clock(), []
+    coverage = work_op_module.CoverageRecorder(recorded.append, lambda: clock.now, interval=10.0)
+
+    coverage.burst(_burst(3))  # the run's first: at once
+    for _ in range(4):  # one edit every 1.5 s: summed, recorded when 10 s have passed
+        clock.sleep(1.5)
+        coverage.burst(_burst(1))
+    clock.sleep(5.0)
+    coverage.burst(_burst(2))  # 11 s after the first recording
+    clock.sleep(1.0)
+    coverage.burst(_burst(1))
+    coverage.flush()  # the run ends
+    coverage.flush()  # nothing left
+
+    assert [drain.counts.completed for drain in recorded] == [3, 6, 1]
+    assert recorded[1].completed_by_collection == {("posts-id", "posts"): 6}
+
+
+def test_a_burst_with_items_failed_for_good_is_recorded_at_once():
+    clock, recorded = _Clock(), []
+    coverage = work_op_module.CoverageRecorder(recorded.append, lambda: clock.now)
+    coverage.burst(_burst(1))
+    clock.sleep(1.0)
+    coverage.burst(_burst(1))
+    clock.sleep(1.0)
+    coverage.burst(_burst(0, failed=1))
+
+    assert [(drain.counts.completed, drain.counts.failed) for drain in recorded] == [
+        (1, 0),
+        (1, 1),
+    ]
 
 
 def _work_run_in_flight(instance, collection, status=dg.DagsterRunStatus.STARTED) -> dg.DagsterRun:
