@@ -179,22 +179,29 @@ SLOT_CHECK_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class YieldingLinger(Linger):
-    """A `Linger` that also ends, at most every `check_seconds`, as soon as `waiting()` names a
-    collection that waits for this run's slot; `yielded_to` then holds it."""
+    """A `Linger` that also ends as soon as `waiting()` names a collection that waits for this
+    run's slot, asked at most every `check_seconds` of waiting, counted over the run's waits
+    (each edit ends a wait: they are often shorter than the interval); `yielded_to` then holds
+    that collection."""
 
     waiting: Callable[[], str | None] = lambda: None
     check_seconds: float = SLOT_CHECK_SECONDS
     yielded_to: list[str] = field(default_factory=list)
+    # Seconds waited since `waiting()` was last asked, across waits (one mutable cell).
+    waited: list[float] = field(default_factory=lambda: [0.0])
 
     def wait_for_work(self, budget: Budget, has_due_work: Callable[[], bool]) -> bool:
-        checked = [budget.clock()]
+        polled = [budget.clock()]
 
         def due_or_waiting() -> bool:
+            now = budget.clock()
+            self.waited[0] += now - polled[0]
+            polled[0] = now
             if has_due_work():
                 return True
-            if budget.clock() - checked[0] < self.check_seconds:
+            if self.waited[0] < self.check_seconds:
                 return False
-            checked[0] = budget.clock()
+            self.waited[0] = 0.0
             waiting = self.waiting()
             if waiting is not None:
                 self.yielded_to.append(waiting)

@@ -171,6 +171,27 @@ def test_a_yielding_linger_ends_when_a_collection_waits_for_its_slot_and_asks_ev
     assert linger.yielded_to == ["pages"]
 
 
+def test_a_yielding_linger_asks_over_waits_shorter_than_its_interval():
+    """An edit every second ends each wait after one: the two-second interval is counted over
+    the run's waits, or a steady trickle of edits would hold the slot for good."""
+    clock, asked = _Clock(), []
+
+    def waiting() -> str | None:
+        asked.append(clock.now)
+        return None
+
+    linger = work_op_module.YieldingLinger(
+        30.0, 0.5, clock.sleep, waiting=waiting, check_seconds=2.0
+    )
+    budget = run_loop.Budget(clock=lambda: clock.now)
+    for wait in range(1, 6):
+        assert linger.wait_for_work(budget, lambda wait=wait: clock.now >= wait) is True
+        clock.now += 0.25  # the burst's drain is not waiting
+
+    # Each wait lasts under a second; the waiting added up to two seconds by the fourth.
+    assert asked == [3.75] and linger.yielded_to == []
+
+
 def test_a_yielding_linger_still_drains_its_own_work_and_waits_out_its_time():
     clock = _Clock()
     linger = work_op_module.YieldingLinger(3.0, 0.5, clock.sleep, waiting=lambda: None)
