@@ -33,9 +33,10 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 import click
+import dagster as dg
 
 from media_usage_orchestration.bench.daemon import RunningDaemon, running_daemon, running_in_group
 from media_usage_orchestration.bench.database import (
@@ -48,9 +49,9 @@ from media_usage_orchestration.bench.measure import DriverMode, peak_rss_mb
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection
 from media_usage_orchestration.jobs import media_usage_work
 from media_usage_orchestration.media.sources import source_key
+from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG, IN_FLIGHT_STATUSES
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.resources.automation import work_linger_from_environment
-from media_usage_orchestration.sensors.common import IN_FLIGHT_STATUSES
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core.engine import Engine, create_database_engine
 from media_usage_orchestration.store.sources.rows import sources_by_key
@@ -101,6 +102,11 @@ class Edit:
 
 def database_time(text: str) -> datetime:
     return datetime.strptime(text, DATABASE_TIME_FORMAT)
+
+
+def epoch_seconds(text: str) -> float:
+    """A database timestamp (UTC) on the clock Dagster stamps its events with."""
+    return database_time(text).replace(tzinfo=UTC).timestamp()
 
 
 # --- content ------------------------------------------------------------------------------------
@@ -204,33 +210,93 @@ def write_edits(
 # --- runs ---------------------------------------------------------------------------------------
 
 
+# The moments of a run's start, by the first event of each kind: submitted to the queue,
+# dequeued and handed to the launcher, its worker process executing, its op starting.
+START_EVENTS = {
+    "queued": dg.DagsterEventType.RUN_ENQUEUED,
+    "launched": dg.DagsterEventType.RUN_STARTING,
+    "running": dg.DagsterEventType.RUN_START,
+    "op": dg.DagsterEventType.STEP_START,
+}
+
+
 @dataclass(frozen=True)
 class LiveRun:
     job_name: str
+    collection_id: str | None
     created: float  # its first event: when it was submitted
     started: float | None
     ended: float | None
     in_flight: bool
     events: int  # entries of its event log
+    moments: dict[str, float]  # START_EVENTS' names -> the first such event's time
 
 
 def live_runs(daemon: RunningDaemon) -> list[LiveRun]:
     instance = daemon.instance
     runs = []
     for record in instance.get_run_records():
-        events = instance.get_records_for_run(record.dagster_run.run_id).records
+        run = record.dagster_run
+        events = instance.get_records_for_run(run.run_id).records
         created = events[0].timestamp if events else record.create_timestamp.timestamp()
+        moments: dict[str, float] = {}
+        for event in events:
+            kind = event.event_log_entry.dagster_event_type
+            for name, wanted in START_EVENTS.items():
+                if kind is wanted:
+                    moments.setdefault(name, event.timestamp)
         runs.append(
             LiveRun(
-                record.dagster_run.job_name,
+                run.job_name,
+                run.tags.get(COLLECTION_ID_TAG),
                 created,
                 record.start_time,
                 record.end_time,
-                record.dagster_run.status in IN_FLIGHT_STATUSES,
+                run.status in IN_FLIGHT_STATUSES,
                 len(events),
+                moments,
             )
         )
     return sorted(runs, key=lambda run: run.created)
+
+
+def first_runs(edits: Sequence[Edit], runs: Sequence[LiveRun]) -> dict[str, float | None]:
+    """Where the first edit of each collection spent its wait for the collection's first work
+    run (medians over the collections): until the sensor submitted the run, in the run queue,
+    the run worker's start (a process importing the definitions), the op's start."""
+    phases: dict[str, list[float]] = {
+        "sensor": [],
+        "queue": [],
+        "worker_start": [],
+        "op_start": [],
+    }
+    for collection_id in {edit.collection.id for edit in edits}:
+        first_edit = min(
+            epoch_seconds(edit.committed_at)
+            for edit in edits
+            if edit.collection.id == collection_id
+        )
+        run = next(
+            (
+                run
+                for run in runs
+                if run.job_name == media_usage_work.name
+                and run.collection_id == collection_id
+                and run.created >= first_edit
+            ),
+            None,
+        )
+        if run is None or set(run.moments) != set(START_EVENTS):
+            continue
+        moments = run.moments
+        phases["sensor"].append(run.created - first_edit)
+        phases["queue"].append(moments["launched"] - moments["queued"])
+        phases["worker_start"].append(moments["running"] - moments["launched"])
+        phases["op_start"].append(moments["op"] - moments["running"])
+    return {
+        name: _rounded(statistics.median(values)) if values else None
+        for name, values in phases.items()
+    }
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -352,6 +418,7 @@ def live_record(
             "median": _rounded(statistics.median(work_starts) if work_starts else None),
             "max": _rounded(max(work_starts, default=None)),
         },
+        "first_run_seconds": first_runs(edits, runs),
         "work_run_events": {
             "median": statistics.median(work_events) if work_events else None,
             "max": max(work_events, default=None),
@@ -388,7 +455,9 @@ def print_live(record: dict) -> None:
         f"runs during load {record['runs_during_load']}, in the idle "
         f"{record['idle_seconds']:g} s [bold]{record['runs_in_idle']}[/]; work sensor tick "
         f"every {record['work_sensor_tick_interval_seconds']} s, work run start "
-        f"{record['work_run_start_seconds']['median']} s; load average "
+        f"{record['work_run_start_seconds']['median']} s; first run of a collection: "
+        + ", ".join(f"{name} {value} s" for name, value in record["first_run_seconds"].items())
+        + f"; load average "
         f"{record['load_average'][0]}; targets met: {record['met']}"
     )
 

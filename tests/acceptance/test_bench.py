@@ -155,6 +155,7 @@ LIVE_FIELDS = {
     "runs_by_job",
     "runs_in_flight_at_end",
     "work_run_start_seconds",
+    "first_run_seconds",
     "work_run_events",
     "work_sensor_tick_interval_seconds",
     "load_average",
