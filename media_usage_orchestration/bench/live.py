@@ -400,7 +400,8 @@ def live_record(
         "idle_seconds": load.idle_seconds,
         "linger_seconds": work_linger_from_environment(),
         "edits": len(edits),
-        "edits_per_second": round(len(edits) / (load_window.end - load_window.start), 2),
+        # the rate achieved: edits after the first over the time from the first to the last
+        "edits_per_second": round((len(edits) - 1) / (load_window.end - load_window.start), 2),
         "projected": len(latencies),
         "latency_seconds": {
             "p50": _rounded(percentile(latencies, 0.50)),

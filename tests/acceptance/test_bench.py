@@ -167,19 +167,19 @@ LIVE_FIELDS = {
 
 
 @pytest.mark.slow
-def test_the_live_bench_projects_every_edit_with_a_real_daemon_and_stops_it(monkeypatch):
-    """SQLite only: the test's time is the daemon's start and its runs' starts (each process
-    imports the definitions), not the database's; on PostgreSQL the same observable costs as
-    much again. The PostgreSQL instance storage the live bench uses is `bench_instance`'s,
-    tested below."""
+def test_the_live_bench_projects_every_edit_with_a_real_daemon_and_stops_it(server, monkeypatch):
+    """A real daemon, two collections, six edits in three seconds and a short linger: the
+    smallest load that has each collection's first run start and every edit projected."""
     monkeypatch.setenv(WORK_LINGER_ENV, "1")
     arguments = ["--workload", "live", "--entries", "40", "--collections", "2"]
-    result = invoke(*arguments, "--rate", "2", "--seconds", "3", "--idle-seconds", "4")
+    result = invoke(*arguments, "--rate", "2", "--seconds", "3", "--idle-seconds", "4", *server)
 
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(report) == LIVE_FIELDS
-    assert (report["workload"], report["dialect"], report["collections"]) == ("live", "sqlite", 2)
+    dialect = "sqlite" if not server else "postgresql"
+    assert (report["workload"], report["collections"]) == ("live", 2)
+    assert report["dialect"] == report["instance_storage"] == dialect
     assert report["linger_seconds"] == 1.0
     # Every edit was projected, each with its own commit-to-projection latency.
     assert report["edits"] == report["projected"] == 6
