@@ -1,5 +1,6 @@
-"""`media-usage bench`: how fast a collection is reconciled, captured work is processed, or a
-work sensor ticks over a large work table, each on a fresh database (see `database.py`).
+"""`media-usage bench`: how fast a collection is reconciled, captured work is processed, a
+work sensor ticks over a large work table, or (live) how long an edit waits for the index with
+a real daemon running, each on a fresh database (see `database.py`).
 
 Human lines go to the console: the measurement, its phases (seconds and statements per entry)
 and peak RSS; the last line printed is one JSON object for scripts.
@@ -13,6 +14,7 @@ import click
 from rich.markup import escape
 
 from media_usage_orchestration.bench.database import console, fresh_database, is_postgres_url
+from media_usage_orchestration.bench.live import LiveLoad, print_live, run_live
 from media_usage_orchestration.bench.measure import (
     BenchResult,
     Workload,
@@ -31,6 +33,8 @@ DEFAULT_ENTRIES = 5000
 def _refuse_bad_combinations(
     database_url: str | None, mode: str, workload: str, work_path: str, workers: int
 ) -> None:
+    if workload == "live" and workers > 1:
+        raise click.UsageError("--workload live measures a real daemon's runs: one worker")
     if workload == "work" and mode == "dagster" and work_path == "tick":
         raise click.UsageError("Dagster's work job runs the batch path; use --path batch")
     if workers == 1:
@@ -78,15 +82,48 @@ def _measure(
     help="Entries to reconcile or work items to process; work rows for --workload tick.",
 )
 @click.option(
-    "--mode", type=click.Choice(["driver", "dagster"]), default="driver", show_default=True
+    "--mode",
+    type=click.Choice(["driver", "dagster"]),
+    default="driver",
+    show_default=True,
+    help="Reconcile and work only (live always runs Dagster).",
 )
 @click.option(
     "--workload",
-    type=click.Choice(["reconcile", "work", "tick", "scrub"]),
+    type=click.Choice(["reconcile", "work", "tick", "scrub", "live"]),
     default="reconcile",
     show_default=True,
     help="tick: time the work sensor over --entries generated work rows; scrub: time the "
-    "scrubber's slices over --entries reconciled entries.",
+    "scrubber's slices over --entries reconciled entries; live: edits at "
+    "--rate with a real daemon, after --entries entries in --collections are reconciled.",
+)
+@click.option(
+    "--rate",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 100),
+    help="Live only: edits per second.",
+)
+@click.option(
+    "--seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(1, 3600),
+    help="Live only: how long edits are written.",
+)
+@click.option(
+    "--idle-seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="Live only: how long nothing is written afterwards (runs launched then are counted).",
+)
+@click.option(
+    "--collections",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 6),
+    help="Live only: collections the entries and the edits (round-robin) are spread over.",
 )
 @click.option(
     "--path",
@@ -118,12 +155,24 @@ def bench(
     mode: str,
     workload: str,
     work_path: str,
+    rate: float,
+    seconds: float,
+    idle_seconds: float,
+    collections: int,
     workers: int,
     profile_path: str | None,
     keep: bool,
 ) -> None:
-    """Measure reconciliation (or work processing, or a sensor tick) on a fresh database."""
+    """Measure reconciliation (or work processing, a sensor tick, live latency) on a fresh
+    database."""
     _refuse_bad_combinations(database_url, mode, workload, work_path, workers)
+    if workload == "live":
+        with fresh_database(database_url, keep) as url:
+            console.print(f"bench database: [bold]{escape(redacted_url(url))}[/]")
+            record = run_live(LiveLoad(url, entries, collections, rate, seconds, idle_seconds))
+        print_live(record)
+        click.echo(json.dumps(record))
+        return
     job = Workload("", entries, mode, workers, profile_path)
     if workload == "scrub":
         record = _measure(database_url, keep, workload, job, work_path)

@@ -90,19 +90,20 @@ def _temporary_schema(server: URL, keep: bool) -> Iterator[str]:
                 console.print(f"kept schema {schema}")
 
 
-def create_collection(engine: Engine) -> Collection:
+def create_collection(engine: Engine, slug: str = COLLECTION_SLUG) -> Collection:
     with engine.begin() as connection:
         install_schema(connection)
-    return CmsWriter(engine).create_collection(COLLECTION_SLUG, sample_content.MEDIA_FIELDS)
+    return CmsWriter(engine).create_collection(slug, sample_content.MEDIA_FIELDS)
 
 
-def insert_entries(engine: Engine, count: int) -> None:
+def insert_entries(
+    engine: Engine, count: int, slug: str = COLLECTION_SLUG, prefix: str = ENTRY_PREFIX
+) -> None:
+    """`count` sample entries in collection `slug`, their ids `<prefix>-e<index>`."""
     writer = CmsWriter(engine)
     for start in range(0, count, INSERT_CHUNK):
         size = min(INSERT_CHUNK, count - start)
-        writer.insert_entries(
-            COLLECTION_SLUG, sample_content.sample_entries(ENTRY_PREFIX, size, start)
-        )
+        writer.insert_entries(slug, sample_content.sample_entries(prefix, size, start))
 
 
 def coverage_is_complete(engine: Engine, collection: Collection) -> bool:

@@ -54,6 +54,9 @@ DRIVER_DONE = (
     ReconciliationOutcome.FAILED,
 )
 PROFILE_TOP_FUNCTIONS = 20
+# The jobs whose runs a Dagster-mode measurement compares with their floor (bench/floor.py).
+RECONCILIATION_JOB = "media_usage_reconciliation"
+WORK_JOB = "media_usage_work"
 
 
 def peak_rss_mb() -> float:
@@ -223,32 +226,76 @@ class DriverMode:
                     return calls
 
 
+class DagsterLane:
+    """What the daemon does, in this process: evaluate the given sensors and execute every run
+    they request as a real run in the instance until none is requested (`lane(sensors)`
+    returns how many runs that took); and the floor of a job beside those runs."""
+
+    def __init__(self, instance, resources: Mapping[str, object]) -> None:
+        self.instance = instance
+        self.resources = resources
+        self.runs: list = []
+
+    def __call__(self, sensors: tuple) -> int:
+        from media_usage_orchestration.local.in_process_lane import run_lane
+
+        lane = run_lane(self.instance, self.resources, sensors=sensors, log_level="WARNING")
+        runs = [run for run in lane if run.job_name != "partitions"]
+        failed = [run for run in runs if not run.success]
+        if failed:
+            raise click.ClickException(f"{len(failed)} of {len(runs)} runs failed ({failed[0]})")
+        self.runs += runs
+        return len(runs)
+
+    def floor(self, job_name: str, partition_key: str | None):
+        """One run of the job's empty twin (`floor.py`) in the same instance; what it cost."""
+        from media_usage_orchestration.bench.floor import execute_floor, run_cost
+
+        run_id = execute_floor(self.instance, job_name, self.resources, partition_key)
+        return run_cost(self.instance, run_id)
+
+    def costs(self, job_name: str) -> list:
+        """What each of the lane's runs of `job_name` cost."""
+        from media_usage_orchestration.bench.floor import run_cost
+
+        return [
+            run_cost(self.instance, run.result.run_id)
+            for run in self.runs
+            if run.job_name == job_name
+        ]
+
+
 @contextlib.contextmanager
-def dagster_lane(url: str) -> Iterator[Callable[[tuple], int]]:
-    """A Dagster instance and the resources runs get, ready before the clock starts; yields
-    what the daemon does: evaluate the given sensors and execute every run they request as a
-    real run in the instance until none is requested (returns how many runs that took)."""
+def dagster_lane(url: str) -> Iterator[DagsterLane]:
+    """A Dagster instance and the resources runs get, ready before the clock starts."""
 
     from media_usage_orchestration.bench.instance import bench_instance
-    from media_usage_orchestration.local.in_process_lane import run_lane
     from media_usage_orchestration.resources.automation import MediaUsageAutomation
     from media_usage_orchestration.resources.database import MediaUsageDatabase
 
     # The lane executes one run at a time in this process: a work run ends once drained.
     automation = MediaUsageAutomation(work_linger_seconds=0)
     resources = {"database": MediaUsageDatabase.for_url(url), "automation": automation}
-
-    def run(sensors: tuple) -> int:
-        lane = run_lane(instance, resources, sensors=sensors, log_level="WARNING")
-        runs = [run for run in lane if run.job_name != "partitions"]
-        failed = [run for run in runs if not run.success]
-        if failed:
-            raise click.ClickException(f"{len(failed)} of {len(runs)} runs failed ({failed[0]})")
-        return len(runs)
-
     with bench_instance(url) as instance:
         _as_deployed(instance, url)
-        yield run
+        yield DagsterLane(instance, resources)
+
+
+def timed_beside_floor(
+    workload: Workload, sensors: tuple, job_name: str, partition_key: str | None
+) -> tuple[Timed, dict]:
+    """The lane's runs timed, and the floor of `job_name` run in the same instance before and
+    after them, outside the clock (after one floor run that warms the process up and is not
+    counted: a deployment's instance has run runs before); the floor's numbers beside the
+    real runs' (`floor.floor_record`)."""
+    from media_usage_orchestration.bench.floor import floor_record
+
+    with dagster_lane(workload.url) as lane:
+        lane.floor(job_name, partition_key)
+        floors = [lane.floor(job_name, partition_key)]
+        measured = timed(workload.url, lambda: lane(sensors), profile=workload.profile)
+        floors.append(lane.floor(job_name, partition_key))
+        return measured, floor_record(lane.costs(job_name), floors)
 
 
 def _as_deployed(instance, url: str) -> None:
@@ -299,20 +346,21 @@ def run_reconcile(workload: Workload) -> BenchResult:
             f"{workload.entries} entries in {COLLECTION_SLUG!r}; capture active; reconciling"
             + (f" ({workload.workers} workers drain)" if workload.workers > 1 else "")
         )
-        measured = _measure_reconcile(workload, engine, collection)
+        measured, floor = _measure_reconcile(workload, engine, collection)
         complete = coverage_is_complete(engine, collection)
         verified = complete and index_is_verified(engine)
-        return _result(workload, engine, measured, verified, "reconcile")
+        return _result(workload, engine, measured, verified, "reconcile", extra=floor)
     finally:
         engine.dispose()
 
 
-def _measure_reconcile(workload: Workload, engine: Engine, collection: Collection) -> Timed:
+def _measure_reconcile(
+    workload: Workload, engine: Engine, collection: Collection
+) -> tuple[Timed, dict]:
     if workload.mode == "dagster":
         sensors = lane_sensors("media_usage_reconciliation_sensor", "media_usage_work_sensor")
-        with dagster_lane(workload.url) as lane:
-            return timed(workload.url, lambda: lane(sensors), profile=workload.profile)
-    return _driven(workload, DriverMode(engine, collection).reconcile)
+        return timed_beside_floor(workload, sensors, RECONCILIATION_JOB, collection.slug)
+    return _driven(workload, DriverMode(engine, collection).reconcile), {}
 
 
 def _driven(workload: Workload, action: Callable[[], int]) -> Timed:
@@ -337,15 +385,15 @@ def run_work(workload: Workload, path: str) -> BenchResult:
         console.print(
             f"{workload.entries} captured work items in {COLLECTION_SLUG!r}; processing ({path})"
         )
+        floor = {}
         if workload.mode == "dagster":
             sensors = lane_sensors("media_usage_work_sensor")
-            with dagster_lane(workload.url) as lane:
-                measured = timed(workload.url, lambda: lane(sensors), profile=workload.profile)
+            measured, floor = timed_beside_floor(workload, sensors, WORK_JOB, None)
         else:
             driver = DriverMode(engine, None)
             measured = _driven(workload, lambda: driver.process_work(path))
         verified = index_is_verified(engine)
-        return _result(workload, engine, measured, verified, "work", path)
+        return _result(workload, engine, measured, verified, "work", path, extra=floor)
     finally:
         engine.dispose()
 
@@ -357,6 +405,7 @@ def _result(
     verified: bool,
     kind: str,
     path: str | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> BenchResult:
     return BenchResult(
         mode=workload.mode,
@@ -370,4 +419,5 @@ def _result(
         workers=workload.workers,
         phase_seconds=measured.phase_seconds,
         phase_statements=measured.phase_statements,
+        extra=dict(extra or {}),
     )

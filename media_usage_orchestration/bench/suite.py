@@ -9,12 +9,16 @@ minutes, so one pair can differ by that much for no reason of its own; the targe
 on each combination's median); 10 N entries with the driver and with Dagster on SQLite (and
 the driver on PostgreSQL unless `--no-large-postgres`); the drain with 2 workers on PostgreSQL
 against one; the work and queue sensors' ticks over `--tick-rows` generated work rows on both
-dialects.
+dialects; unless `--no-live`, the live latency with a real daemon (`live.py`) on both dialects.
+Each Dagster-mode reconciliation also runs its job's floor (`floor.py`) before and after its
+run: the summary's floor table shows both, and the reconciliation run's overhead beyond its
+steps is judged against the floor's wall time, on the medians of the rounds.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -38,7 +42,20 @@ TARGETS = {
     "tick_ms": 50.0,
     "queue_probe_ms": 20.0,
     "drain_speedup": 1.7,
+    "overhead_over_floor": 1.25,
+    "live_p50_seconds": 3.0,
+    "live_p95_seconds": 10.0,
+    "live_runs_in_idle": 0,
 }
+FLOOR_COLUMNS = (
+    ("dagster_floor_seconds", "floor s"),
+    ("floor_events_per_run", "floor events"),
+    ("run_seconds", "run s"),
+    ("run_steps_seconds", "steps s"),
+    ("run_overhead_seconds", "overhead s"),
+    ("events_per_run", "events"),
+    ("overhead_over_floor", "overhead/floor"),
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +103,12 @@ def run_measurement(name: str, arguments: Sequence[str], round_: int = 1) -> Mea
 
 
 def plan(
-    entries: int, postgres_url: str, tick_rows: int, large_postgres: bool, repeat: int = 1
+    entries: int,
+    postgres_url: str,
+    tick_rows: int,
+    large_postgres: bool,
+    repeat: int = 1,
+    live: bool = True,
 ) -> list[tuple[str, list[str], int]]:
     """(name, arguments, round) of every measurement, in the order they run."""
     postgres = ["--database-url", postgres_url]
@@ -112,6 +134,11 @@ def plan(
         ("sqlite tick", ["--workload", "tick", "--entries", str(tick_rows)]),
         ("postgresql tick", ["--workload", "tick", "--entries", str(tick_rows), *postgres]),
     ]
+    if live:
+        once += [
+            ("sqlite live", ["--workload", "live"]),
+            ("postgresql live", ["--workload", "live", *postgres]),
+        ]
     return measurements + [(name, arguments, 1) for name, arguments in once]
 
 
@@ -129,7 +156,7 @@ def summary_table(measurements: Sequence[Measurement]) -> Table:
         if each.failed and not record:
             table.add_row(each.label, *["-"] * 11, each.failed)
             continue
-        if record.get("workload") == "tick":
+        if record.get("workload") in ("tick", "live"):
             continue
         phases = record.get("phases", {})
         table.add_row(
@@ -141,6 +168,38 @@ def summary_table(measurements: Sequence[Measurement]) -> Table:
             f"{record['statements_per_entry']:.2f}",
             f"{record['peak_rss_mb']:.0f}",
             "yes" if record.get("verified") and not each.failed else f"NO {each.failed or ''}",
+        )
+    return table
+
+
+def floor_table(measurements: Sequence[Measurement]) -> Table:
+    """Each Dagster-mode measurement's job run beside its floor (bench/floor.py)."""
+    table = Table(title="runs beside Dagster's floor (medians of the runs of each measurement)")
+    table.add_column("measurement")
+    for _key, header in FLOOR_COLUMNS:
+        table.add_column(header, justify="right")
+    for each in measurements:
+        if "dagster_floor_seconds" in each.record:
+            table.add_row(each.label, *(str(each.record.get(key, "-")) for key, _ in FLOOR_COLUMNS))
+    return table
+
+
+def live_table(measurements: Sequence[Measurement]) -> Table:
+    table = Table(title="live latency with a real daemon (seconds from commit to projection)")
+    for header in ("measurement", "edits", "projected", "p50", "p95", "max", "runs", "idle runs"):
+        table.add_column(header, justify="left" if header == "measurement" else "right")
+    for each in measurements:
+        record = each.record
+        if record.get("workload") != "live":
+            continue
+        latency = record["latency_seconds"]
+        table.add_row(
+            each.label,
+            str(record["edits"]),
+            str(record["projected"]),
+            *(str(latency[name]) for name in ("p50", "p95", "max")),
+            str(record["runs_during_load"]),
+            str(record["runs_in_idle"]),
         )
     return table
 
@@ -211,6 +270,8 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
                 limit = TARGETS[target]
                 value = tick[name]
                 add(f"{dialect} {what} ms ({rows})", value, f"<= {limit}", value <= limit)
+        _floor_findings(add, by_name.get(f"{dialect} dagster", []), dialect)
+        _live_findings(add, records.get(f"{dialect} live"), dialect)
     peaks = [record["peak_rss_mb"] for record in records.values() if "peak_rss_mb" in record]
     if peaks:
         limit = TARGETS["peak_rss_mb"]
@@ -223,10 +284,50 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
     return found
 
 
+def _floor_findings(add, runs: Sequence[dict], dialect: str) -> None:
+    """The reconciliation run's overhead beyond its steps over the floor's wall time, each the
+    median of the rounds."""
+    measured = [record for record in runs if "run_overhead_seconds" in record]
+    if not measured:
+        return
+    overhead = statistics.median(record["run_overhead_seconds"] for record in measured)
+    floor = statistics.median(record["dagster_floor_seconds"] for record in measured)
+    ratio = round(overhead / floor, 2) if floor else None
+    limit = TARGETS["overhead_over_floor"]
+    rounds = f" (medians of {len(measured)})" if len(measured) > 1 else ""
+    what = f"{dialect} reconciliation run overhead / Dagster floor{rounds}"
+    add(what, ratio, f"<= {limit}", ratio is not None and ratio <= limit)
+
+
+def _live_findings(add, live: dict | None, dialect: str) -> None:
+    if not live:
+        return
+    latency = live["latency_seconds"]
+    complete = live["projected"] == live["edits"]
+    for name, target in (("p50", "live_p50_seconds"), ("p95", "live_p95_seconds")):
+        value, limit = latency[name], TARGETS[target]
+        met = complete and value is not None and value <= limit
+        add(
+            f"{dialect} live latency {name} s ({live['rate']:g} edits/s)", value, f"<= {limit}", met
+        )
+    limit = TARGETS["live_runs_in_idle"]
+    idle = live["runs_in_idle"]
+    add(
+        f"{dialect} live runs launched in the idle {live['idle_seconds']:g} s",
+        idle,
+        f"= {limit}",
+        idle <= limit,
+    )
+
+
 def print_summary(measurements: Sequence[Measurement]) -> None:
     wide = Console(width=SUMMARY_WIDTH, soft_wrap=True)
     wide.rule("[bold]summary")
     wide.print(summary_table(measurements))
+    if any("dagster_floor_seconds" in each.record for each in measurements):
+        wide.print(floor_table(measurements))
+    if any(each.record.get("workload") == "live" for each in measurements):
+        wide.print(live_table(measurements))
     for what, value, target, met in findings(measurements):
         mark = "[green]met[/]" if met else "[red]NOT met[/]"
         wide.print(f"  {what:<60} {value!s:>10}  target {target:<9} {mark}")
@@ -247,14 +348,20 @@ def print_summary(measurements: Sequence[Measurement]) -> None:
     type=click.IntRange(1, 9),
     help="Rounds of the four base-size reconciliations, in alternation; medians are judged.",
 )
+@click.option(
+    "--live/--no-live",
+    default=True,
+    show_default=True,
+    help="The live latency with a real daemon on both dialects (about 3 minutes each).",
+)
 def main(
-    entries: int, postgres_url: str, tick_rows: int, large_postgres: bool, repeat: int
+    entries: int, postgres_url: str, tick_rows: int, large_postgres: bool, repeat: int, live: bool
 ) -> None:
     """Run every bench measurement in its own process and print one summary."""
     measurements = [
         run_measurement(name, arguments, round_)
         for name, arguments, round_ in plan(
-            entries, postgres_url, tick_rows, large_postgres, repeat
+            entries, postgres_url, tick_rows, large_postgres, repeat, live
         )
     ]
     print_summary(measurements)

@@ -91,6 +91,14 @@ class Collection:
         return content_table_name(self.slug)
 
 
+@dataclass(frozen=True)
+class EntryStamp:
+    """What an edit wrote: the entry's new version and its `updated_at` (database time)."""
+
+    version: int
+    updated_at: str
+
+
 def new_id() -> str:
     return str(ULID())
 
@@ -262,19 +270,22 @@ class CmsWriter:
     def insert_entry(self, slug: str, entry: Mapping[str, Any]) -> str:
         return self.insert_entries(slug, [entry])[0]
 
-    def update_entry(self, slug: str, content_id: str, values: Mapping[str, Any]) -> None:
-        """An edit: new values, `version + 1`, `updated_at` = database time."""
+    def update_entry(self, slug: str, content_id: str, values: Mapping[str, Any]) -> EntryStamp:
+        """An edit: new values, `version + 1`, `updated_at` = database time; returns the
+        version and time the edit's transaction wrote."""
         table = self._table(slug)
         changes = {key: _column_value(table, key, value) for key, value in values.items()}
         with self.engine.begin() as connection:
             writable_activation_state(connection)
-            result = connection.execute(
+            written = connection.execute(
                 update(table)
                 .where(table.c.id == content_id)
                 .values(**changes, version=func.coalesce(table.c.version, 1) + 1, updated_at=now())
-            )
-            if result.rowcount != 1:
+                .returning(table.c.version, table.c.updated_at)
+            ).all()
+            if len(written) != 1:
                 raise CmsError(f"Entry {content_id!r} not found in {slug!r}", "NOT_FOUND")
+        return EntryStamp(written[0].version, written[0].updated_at)
 
     def trash_entry(self, slug: str, content_id: str) -> None:
         with self.engine.connect() as connection:

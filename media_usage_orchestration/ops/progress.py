@@ -1,5 +1,8 @@
 """Progress of a long op in its run log: how much is done (of how much, when that is known)
-and the rate, at INFO, at most one line every `PROGRESS_INTERVAL_SECONDS` plus a final line.
+and the rate, at INFO, at most one line every `PROGRESS_INTERVAL_SECONDS`, and a final line
+with the total once any line was written. An op over within the interval writes none: its
+output's metadata has its counts and its step event its duration, so a line would only add an
+event to every run.
 
 The loops themselves (`processing/run_loop.py`, `processing/reconciliation/walks.py`) only
 call a plain callable with each page's or batch's result; this module counts and throttles.
@@ -40,12 +43,14 @@ class ProgressLog:
         self.clock = clock
         self.started = self.last_line = clock()
         self.done = 0
+        self.lines = 0
 
     def add(self, amount: int) -> None:
         self.done += amount
         now = self.clock()
         if now - self.last_line >= self.interval:
             self.last_line = now
+            self.lines += 1
             self.log(f"{self.what}: {self._so_far(now)}")
 
     def counting(self, amount: Callable[[R], int]) -> Callable[[R], None]:
@@ -53,7 +58,9 @@ class ProgressLog:
         return lambda result: self.add(amount(result))
 
     def finish(self) -> None:
-        self.log(f"{self.what}: finished, {self._so_far(self.clock())}")
+        """The total, closing the lines written so far (none: nothing to close)."""
+        if self.lines:
+            self.log(f"{self.what}: finished, {self._so_far(self.clock())}")
 
     def _so_far(self, now: float) -> str:
         elapsed = max(now - self.started, 0.0)

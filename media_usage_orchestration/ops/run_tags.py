@@ -8,6 +8,15 @@ from media_usage_orchestration.values.identifiers import validate_identifier
 
 OUTCOME_TAG = "media_usage/outcome"
 COLLECTION_TAG = "media_usage/collection"
+# The collection id a sensor launched a per-collection run for (the slug can be reused).
+COLLECTION_ID_TAG = "media_usage/collection_id"
+IN_FLIGHT_STATUSES = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
 AUTOMATIC_RETRY_TAG = "dagster/retry_number"  # set by the run-retry daemon, never by operators
 
 

@@ -1,10 +1,17 @@
 """The work op: claim one collection's due work (the sensor names the collection; a run launched
 without one takes the collection whose work is due earliest) in batches and project each
 entry, within a budget; then wait up to `linger_seconds` for more of its work, and drain that
-too, so a burst of edits is projected by the run already there. The run's tags say what it did: `media_usage/outcome`
-(`projected`, `failed_work`, `retrying`, `superseded`, or why it claimed nothing, such as
-`nothing_due`) and the counts `media_usage/claimed`, `media_usage/completed`,
-`media_usage/retried` and `media_usage/failed`."""
+too, so a burst of edits is projected by the run already there (coverage is recorded as a
+burst empties the queue, at most every 10 s while bursts follow). A lingering run gives its
+slot up (it ends) when another collection's work waits for a run because the sensor's
+`max_work_runs` work runs are in flight, and it is the oldest of them. The run's tags say what
+it did: `media_usage/outcome` (`projected`, `failed_work`, `retrying`, `superseded`, or why it
+claimed nothing, such as `nothing_due`) and the counts `media_usage/claimed`,
+`media_usage/completed`, `media_usage/retried` and `media_usage/failed`."""
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import dagster as dg
 from pydantic import Field
@@ -13,6 +20,8 @@ from media_usage_orchestration.assets.index import record_drained_coverage
 from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
 from media_usage_orchestration.ops.progress import logged_progress
 from media_usage_orchestration.ops.run_tags import (
+    COLLECTION_ID_TAG,
+    IN_FLIGHT_STATUSES,
     OUTCOME_TAG,
     launched_run,
     tag_run_collection,
@@ -55,6 +64,15 @@ class DrainDueWorkConfig(dg.Config):
         "every half second) before the run ends (the sensor sets the automation's "
         "`work_linger_seconds`).",
     )
+    max_work_runs: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="The sensor's limit of work runs in flight (it sets the automation's "
+        "`max_work_runs`): while lingering, the run ends early when another collection's work "
+        "waits for a run because that many are in flight and this run is the oldest of them. "
+        "0: it never does.",
+    )
 
 
 # Named after the function it runs (processing/run_loop.py: drain_due_work), in Dagster too.
@@ -78,21 +96,27 @@ def drain_due_work(
         slug = read_collection_slug(database.engine, collection_id)
         tag_run_collection(context, slug)
 
-        def record_burst(burst: WorkDrain) -> None:
-            # Each collection's coverage as soon as its queue is empty, not when the run ends.
-            record_drained_coverage(context, database.engine, burst, budget.elapsed_seconds())
-
+        coverage = CoverageRecorder(
+            lambda bursts: record_drained_coverage(
+                context, database.engine, bursts, budget.elapsed_seconds()
+            ),
+            budget.elapsed_seconds,
+        )
+        linger = _linger(context, database.engine, config, collection_id)
         with logged_progress(context, "work", "items", total=config.max_items) as progress:
             drained = run_loop.drain_while_work_arrives(
                 database.engine,
                 budget,
                 config.batch_size,
                 collection_id,
-                Linger(config.linger_seconds),
-                on_burst=record_burst,
+                linger,
+                on_burst=coverage.burst,
                 progress=progress.counting(lambda batch: batch.counts.claimed),
             )
+        coverage.flush()
     context.log.info(drained.summary(slug))
+    for waiting in getattr(linger, "yielded_to", ()):
+        context.log.info(f"Stopped waiting for more work: {waiting} waits for a work run.")
     # Items that failed for good are their rows' state, not the run's: the run succeeds and
     # says so in its outcome tag, a WARNING and each collection's failing check.
     _tag_run(context, drained)
@@ -105,6 +129,123 @@ def _earliest_due_collection(engine: Engine) -> str | None:
     that the Runs filter on its collection finds it like every sensor run."""
     due = due_work_by_collection(engine, MAX_DUE_WORK_COLLECTIONS)
     return due[0].collection_id if due else None
+
+
+# --- coverage as bursts empty the queue -----------------------------------------------------
+
+# A lingering run drains a burst per edit: their coverage is recorded at most this often (two
+# materializations and a check evaluation each), the bursts in between summed into the next.
+COVERAGE_RECORD_SECONDS = 10.0
+
+
+class CoverageRecorder:
+    """Records each collection's coverage as soon as a burst empties its queue, not when the
+    run ends: the run's first burst and any burst with items failed for good at once (a
+    failing check must not wait), later ones at most every `interval` seconds, the bursts in
+    between summed into the next recording or into `flush` when the run ends."""
+
+    def __init__(
+        self,
+        record: Callable[[WorkDrain], None],
+        clock: Callable[[], float],
+        interval: float = COVERAGE_RECORD_SECONDS,
+    ) -> None:
+        self.record = record
+        self.clock = clock
+        self.interval = interval
+        self.pending: WorkDrain | None = None
+        self.recorded_at: float | None = None
+
+    def burst(self, burst: WorkDrain) -> None:
+        self.pending = burst if self.pending is None else self.pending + burst
+        due = self.recorded_at is None or self.clock() - self.recorded_at >= self.interval
+        if due or burst.failed_by_collection:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending is None:
+            return
+        bursts, self.pending = self.pending, None
+        self.recorded_at = self.clock()
+        self.record(bursts)
+
+
+# --- giving the slot up ----------------------------------------------------------------------
+
+# How often a lingering run asks whether another collection waits for a run (an index probe
+# and one read of the runs in flight).
+SLOT_CHECK_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class YieldingLinger(Linger):
+    """A `Linger` that also ends as soon as `waiting()` names a collection that waits for this
+    run's slot, asked at most every `check_seconds` of waiting, counted over the run's waits
+    (each edit ends a wait: they are often shorter than the interval); `yielded_to` then holds
+    that collection."""
+
+    waiting: Callable[[], str | None] = lambda: None
+    check_seconds: float = SLOT_CHECK_SECONDS
+    yielded_to: list[str] = field(default_factory=list)
+    # Seconds waited since `waiting()` was last asked, across waits (one mutable cell).
+    waited: list[float] = field(default_factory=lambda: [0.0])
+
+    def wait_for_work(self, budget: Budget, has_due_work: Callable[[], bool]) -> bool:
+        polled = [budget.clock()]
+
+        def due_or_waiting() -> bool:
+            now = budget.clock()
+            self.waited[0] += now - polled[0]
+            polled[0] = now
+            if has_due_work():
+                return True
+            if self.waited[0] < self.check_seconds:
+                return False
+            self.waited[0] = 0.0
+            waiting = self.waiting()
+            if waiting is not None:
+                self.yielded_to.append(waiting)
+            return waiting is not None
+
+        # The wait ends either way; only due work of this collection means "drain again".
+        return super().wait_for_work(budget, due_or_waiting) and not self.yielded_to
+
+
+def _linger(
+    context: dg.OpExecutionContext, engine: Engine, config: DrainDueWorkConfig, collection_id: str
+) -> Linger:
+    if config.max_work_runs == 0 or config.linger_seconds == 0:
+        return Linger(config.linger_seconds)
+    return YieldingLinger(
+        config.linger_seconds,
+        waiting=lambda: waiting_collection(context, engine, collection_id, config.max_work_runs),
+    )
+
+
+def waiting_collection(
+    context: dg.OpExecutionContext, engine: Engine, collection_id: str, max_work_runs: int
+) -> str | None:
+    """The slug of a collection whose work is due while none of its work runs is in flight
+    and `max_work_runs` work runs are (so the sensor launches none for it), when this run is
+    the oldest of them (so one run gives its slot up, not all); else None."""
+    due = [
+        each
+        for each in due_work_by_collection(engine, MAX_DUE_WORK_COLLECTIONS)
+        if each.collection_id != collection_id
+    ]
+    if not due:
+        return None
+    in_flight = context.instance.get_run_records(
+        filters=dg.RunsFilter(job_name=context.job_name, statuses=IN_FLIGHT_STATUSES)
+    )
+    if len(in_flight) < max_work_runs:
+        return None
+    oldest = min(in_flight, key=lambda record: record.storage_id)
+    if oldest.dagster_run.run_id != context.run_id:
+        return None
+    running = Counter(record.dagster_run.tags.get(COLLECTION_ID_TAG) for record in in_flight)
+    starved = [each for each in due if running[each.collection_id] == 0]
+    return starved[0].collection_slug if starved else None
 
 
 def _tag_run(context: dg.OpExecutionContext, drained: WorkDrain) -> None:

@@ -22,7 +22,13 @@ class MediaUsageAutomation(dg.ConfigurableResource):
     """
 
     max_work_runs: int = Field(
-        default=2, ge=1, le=64, description="Work runs that may be queued or running at once."
+        default=4,
+        ge=1,
+        le=64,
+        description="Work runs that may be queued or running at once. A drained run lingers "
+        "for more of its collection's work, holding its place: as many as the collections "
+        "edited at once keep every edit within a lingering run (beyond that, the oldest run "
+        "gives its place to a collection left waiting).",
     )
     work_runs_per_collection: int = Field(
         default=1,

@@ -8,6 +8,10 @@ from typing import TypeVar
 
 import dagster as dg
 
+# Defined beside the other run tags, where the work op reads them too; the sensors take them
+# from here.
+from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG as COLLECTION_ID_TAG
+from media_usage_orchestration.ops.run_tags import IN_FLIGHT_STATUSES
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import (
     CONNECTION_ERRORS,
@@ -19,14 +23,6 @@ from media_usage_orchestration.store.core.engine import (
 from media_usage_orchestration.store.core.host_schema import read_host_schema
 from media_usage_orchestration.store.core.schema import missing_tables
 
-COLLECTION_ID_TAG = "media_usage/collection_id"
-IN_FLIGHT_STATUSES = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
 UNSUCCESSFUL_STATUSES = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 T = TypeVar("T")
 

@@ -105,6 +105,8 @@ def _work_run(
                         "max_seconds": automation.work_seconds_per_run,
                         "batch_size": automation.work_batch_size,
                         "linger_seconds": automation.work_linger_seconds,
+                        # a lingering run gives its slot up to a collection left waiting
+                        "max_work_runs": automation.max_work_runs,
                     }
                 }
             }

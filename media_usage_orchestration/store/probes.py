@@ -151,7 +151,9 @@ def _due_work_by_collection_statement(limit: int):
 @functools.lru_cache(maxsize=1)
 def _collection_due_work_statement():
     collection = bindparam("collection_id", type_=Text)
-    return select(*(first_due_row(state, collection).label(state.value) for state in _DUE_WORK_STATES))
+    return select(
+        *(first_due_row(state, collection).label(state.value) for state in _DUE_WORK_STATES)
+    )
 
 
 def collection_has_due_work(engine: Engine, collection_id: str) -> bool:

@@ -15,6 +15,7 @@ from media_usage_orchestration.emdash_double.generated_work import insert_genera
 from media_usage_orchestration.emdash_double.statement_counter import counting_statements
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.phases import OTHER, PHASES, PhaseClock, phase, timing
+from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import create_database_engine
 from media_usage_orchestration.store.probes import due_work_by_collection
@@ -69,11 +70,43 @@ def assert_phases_add_up(report: dict) -> None:
         assert phases[name]["seconds"] > 0 and phases[name]["statements"] > 0, name
 
 
+FLOOR_FIELDS = {
+    "dagster_floor_seconds",
+    "floor_steps_seconds",
+    "floor_overhead_seconds",
+    "floor_events_per_run",
+    "run_seconds",
+    "run_steps_seconds",
+    "run_overhead_seconds",
+    "events_per_run",
+    "overhead_over_floor",
+}
+
+
+def assert_beside_the_floor(report: dict) -> None:
+    """The job's run and its empty twin's: wall time, steps and events, read from the instance."""
+    assert report["dagster_floor_seconds"] > 0 and report["floor_steps_seconds"] > 0
+    assert report["floor_overhead_seconds"] == pytest.approx(
+        report["dagster_floor_seconds"] - report["floor_steps_seconds"], abs=0.001
+    )
+    assert report["run_overhead_seconds"] == pytest.approx(
+        report["run_seconds"] - report["run_steps_seconds"], abs=0.001
+    )
+    # The real run does everything its floor does (same graph, same IO manager) and more.
+    assert report["events_per_run"] > report["floor_events_per_run"] > 0
+    assert report["run_steps_seconds"] > 0
+    assert report["overhead_over_floor"] == pytest.approx(
+        report["run_overhead_seconds"] / report["dagster_floor_seconds"], abs=0.01
+    )
+
+
 @pytest.mark.parametrize("mode", ["driver", "dagster"])
 def test_reconcile_bench_reports_a_verified_measurement_per_phase(mode, server):
     report = run_bench("--mode", mode, *server)
 
-    assert set(report) == FIELDS
+    assert set(report) == (FIELDS | FLOOR_FIELDS if mode == "dagster" else FIELDS)
+    if mode == "dagster":
+        assert_beside_the_floor(report)
     dialect = "sqlite" if not server else "postgresql"
     assert (report["mode"], report["dialect"], report["entries"]) == (mode, dialect, 120)
     assert report["verified"] is True and report["workers"] == 1
@@ -92,20 +125,45 @@ def test_work_bench_reports_the_path_it_measured(path):
     assert report["phases"]["drain"]["statements"] > 0
 
 
-def test_workers_are_refused_on_sqlite_and_nothing_is_measured():
-    result = invoke("--entries", "50", "--workers", "2")
+def test_the_dagster_work_bench_reports_the_work_run_beside_its_floor(server):
+    report = run_bench("--workload", "work", "--mode", "dagster", *server)
 
-    assert result.exit_code == 2
-    assert "--workers needs PostgreSQL" in result.output
-    assert "entries/s" not in result.output
+    assert FIELDS | FLOOR_FIELDS | {"workload", "path"} == set(report)
+    assert report["verified"] is True and report["runs"] == 1
+    assert_beside_the_floor(report)
 
 
-def test_workers_are_refused_with_the_dagster_lane():
-    require_postgres()
-    result = invoke("--workers", "2", "--mode", "dagster", "--database-url", postgres_admin_url())
-
-    assert result.exit_code == 2
-    assert "use --mode driver" in result.output
+LIVE_FIELDS = {
+    "workload",
+    "dialect",
+    "instance_storage",
+    "collections",
+    "entries",
+    "edits_spread",
+    "rate",
+    "seconds",
+    "idle_seconds",
+    "linger_seconds",
+    "edits",
+    "edits_per_second",
+    "projected",
+    "latency_seconds",
+    "latency_resolution",
+    "runs_during_load",
+    "runs_in_idle",
+    "runs_in_idle_by_job",
+    "runs_by_job",
+    "runs_in_flight_at_end",
+    "work_run_start_seconds",
+    "first_run_seconds",
+    "work_run_events",
+    "work_sensor_tick_interval_seconds",
+    "load_average",
+    "peak_rss_mb",
+    "targets",
+    "met",
+    "processes_left",
+}
 
 
 @pytest.mark.slow
@@ -151,6 +209,30 @@ def test_the_scrub_bench_times_the_scrubbers_slices_over_reconciled_entries(serv
     assert 0 < report["slice_ms"] <= report["slice_max_ms"]
     assert report["entries_per_second"] > 0
     assert report["sweep_hours_per_100k"] > 0
+
+
+@pytest.mark.slow
+def test_the_live_bench_projects_every_edit_with_a_real_daemon_and_stops_it(server, monkeypatch):
+    """A real daemon, two collections, six edits in three seconds and a short linger: the
+    smallest load that has each collection's first run start and every edit projected."""
+    monkeypatch.setenv(WORK_LINGER_ENV, "1")
+    arguments = ["--workload", "live", "--entries", "40", "--collections", "2"]
+    result = invoke(*arguments, "--rate", "2", "--seconds", "3", "--idle-seconds", "4", *server)
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(report) == LIVE_FIELDS
+    dialect = "sqlite" if not server else "postgresql"
+    assert (report["workload"], report["collections"]) == ("live", 2)
+    assert report["dialect"] == report["instance_storage"] == dialect
+    assert report["linger_seconds"] == 1.0
+    # Every edit was projected, each with its own commit-to-projection latency.
+    assert report["edits"] == report["projected"] == 6
+    latency = report["latency_seconds"]
+    assert 0 < latency["p50"] <= latency["p95"] <= latency["max"]
+    assert report["runs_by_job"].get("media_usage_work", 0) >= 1
+    # Nothing of the daemon's process group (code server, run workers) is left running.
+    assert report["processes_left"] == 0
 
 
 # --- the pieces -----------------------------------------------------------------------------
@@ -225,19 +307,42 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
         ("postgresql 2 workers", 1),
         ("sqlite tick", 1),
         ("postgresql tick", 1),
+        ("sqlite live", 1),
+        ("postgresql live", 1),
     ]
+    unlive = plan(5000, "postgresql+psycopg://server/db", 1_000_000, True, live=False)
+    assert not [name for name, _, _ in unlive if "live" in name]
 
     def measured(name: str, round_: int = 1, **record) -> Measurement:
         return Measurement(name, (), {"peak_rss_mb": 100.0, **record}, round=round_)
 
+    def floor(floor_seconds: float, overhead_seconds: float) -> dict:
+        return {"dagster_floor_seconds": floor_seconds, "run_overhead_seconds": overhead_seconds}
+
+    def live(p50: float, p95: float, idle: int) -> dict:
+        latency = {"p50": p50, "p95": p95, "max": p95}
+        return {
+            "workload": "live",
+            "edits": 120,
+            "projected": 120,
+            "rate": 2.0,
+            "idle_seconds": 60.0,
+            "latency_seconds": latency,
+            "runs_in_idle": idle,
+        }
+
     judged = findings(
         [
             measured("sqlite driver", seconds=2.0, entries_per_second=2500.0),
-            measured("sqlite dagster", seconds=2.1, entries_per_second=2380.0),
+            measured("sqlite dagster", seconds=2.1, entries_per_second=2380.0, **floor(0.4, 0.5)),
             measured("sqlite driver", 2, seconds=2.6, entries_per_second=1920.0),
-            measured("sqlite dagster", 2, seconds=3.0, entries_per_second=1670.0),
+            measured(
+                "sqlite dagster", 2, seconds=3.0, entries_per_second=1670.0, **floor(0.6, 0.9)
+            ),
             measured("sqlite driver", 3, seconds=2.2, entries_per_second=2270.0),
-            measured("sqlite dagster", 3, seconds=2.4, entries_per_second=2080.0),
+            measured(
+                "sqlite dagster", 3, seconds=2.4, entries_per_second=2080.0, **floor(0.5, 0.6)
+            ),
             measured("sqlite driver 10x", seconds=23.0, entries_per_second=2170.0),
             measured("sqlite dagster 10x", seconds=23.4, entries_per_second=2140.0),
             measured("postgresql 2 workers", drain_speedup=1.5),
@@ -249,6 +354,9 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
                 queue_probe_ms=25.0,
                 queue_tick_ms=45.0,
             ),
+            measured("sqlite tick", work_rows=10, tick_ms=40.0, probe_ms=3.0),
+            measured("sqlite live", **live(p50=0.8, p95=12.5, idle=0)),
+            measured("postgresql live", **live(p50=0.6, p95=4.0, idle=1)),
         ]
     )
 
@@ -262,6 +370,14 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
         "sqlite work sensor probe ms (10 rows)": (3.0, True),
         "sqlite queue sensor probe ms (10 rows)": (25.0, False),
         "sqlite queue sensor tick ms (10 rows)": (45.0, True),
+        # Medians over the rounds: overhead 0.6 s, floor 0.5 s.
+        "sqlite reconciliation run overhead / Dagster floor (medians of 3)": (1.2, True),
+        "sqlite live latency p50 s (2 edits/s)": (0.8, True),
+        "sqlite live latency p95 s (2 edits/s)": (12.5, False),
+        "sqlite live runs launched in the idle 60 s": (0, True),
+        "postgresql live latency p50 s (2 edits/s)": (0.6, True),
+        "postgresql live latency p95 s (2 edits/s)": (4.0, True),
+        "postgresql live runs launched in the idle 60 s": (1, False),
         "peak RSS MB (largest)": (100.0, True),
         "postgresql drain, 2 workers over 1": (1.5, False),
     }

@@ -134,6 +134,8 @@ def test_the_deploy_instance_stores_everything_in_postgres_and_queues_one_run_pe
     assert queue.tag_concurrency_limits == ONE_RUN_PER_COLLECTION
     assert queue.max_concurrent_runs == 8
     assert instance.run_coordinator.dequeue_use_threads
+    # A queued work run for a new edit starts within a second of its submission.
+    assert instance.run_coordinator.dequeue_interval_seconds == 1
 
     assert instance.run_monitoring_enabled
     assert instance.run_monitoring_max_resume_run_attempts == 0

@@ -7,6 +7,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from types import SimpleNamespace
 
 import dagster as dg
 import psycopg
@@ -17,6 +18,7 @@ from sqlalchemy.engine import make_url
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
+from media_usage_orchestration.jobs import media_usage_work
 from media_usage_orchestration.ops import common
 from media_usage_orchestration.ops import work as work_op_module
 from media_usage_orchestration.ops.activation import activate_capture
@@ -25,11 +27,12 @@ from media_usage_orchestration.ops.common import (
     is_transient_database_error,
     retry_transient_errors_only,
 )
+from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG, COLLECTION_TAG
 from media_usage_orchestration.ops.work import drain_due_work
 from media_usage_orchestration.processing import run_loop
 from media_usage_orchestration.processing.retry_policy import WORK_RETRY
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import process_due_batch
+from media_usage_orchestration.processing.work import WorkCounts, process_due_batch
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.activation import claim_activation
 from media_usage_orchestration.store.core import engine as engine_module
@@ -53,6 +56,7 @@ from tests.support.projection import (
 )
 from tests.support.states import all_rows, one, set_activation, snapshot, status_row
 
+SLUGS = ("posts", "articles", "pages")
 COUNTS = ("claimed", "completed", "retry", "failed", "superseded", "obsolete", "claim_lost")
 
 
@@ -136,6 +140,145 @@ def test_a_lingering_run_projects_an_edit_committed_while_it_waits(db, monkeypat
     # The first poll found the edit; after that burst it waited its 0.3 s in 0.1 s polls.
     assert polls[0] == 0.1 and 3 <= len(polls) <= 5
     assert work_count(db.engine) == 0
+
+
+class _Clock:
+    """A budget clock that each sleep of the linger moves forward."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_yielding_linger_ends_when_a_collection_waits_for_its_slot_and_asks_every_check():
+    clock = _Clock()
+    asked = []
+
+    def waiting() -> str | None:
+        asked.append(clock.now)
+        return "pages" if len(asked) == 3 else None
+
+    linger = work_op_module.YieldingLinger(
+        30.0, 0.5, clock.sleep, waiting=waiting, check_seconds=2.0
+    )
+
+    assert linger.wait_for_work(run_loop.Budget(clock=lambda: clock.now), lambda: False) is False
+
+    # Asked once per 2 s of waiting, not on every half-second poll; it ended at the third.
+    assert asked == [2.0, 4.0, 6.0]
+    assert linger.yielded_to == ["pages"]
+
+
+def test_a_yielding_linger_asks_over_waits_shorter_than_its_interval():
+    """An edit every second ends each wait after one: the two-second interval is counted over
+    the run's waits, or a steady trickle of edits would hold the slot for good."""
+    clock, asked = _Clock(), []
+
+    def waiting() -> str | None:
+        asked.append(clock.now)
+        return None
+
+    linger = work_op_module.YieldingLinger(
+        30.0, 0.5, clock.sleep, waiting=waiting, check_seconds=2.0
+    )
+    budget = run_loop.Budget(clock=lambda: clock.now)
+    for wait in range(1, 6):
+        assert linger.wait_for_work(budget, lambda wait=wait: clock.now >= wait) is True
+        clock.now += 0.25  # the burst's drain is not waiting
+
+    # Each wait lasts under a second; the waiting added up to two seconds by the fourth.
+    assert asked == [3.75] and linger.yielded_to == []
+
+
+def test_a_yielding_linger_still_drains_its_own_work_and_waits_out_its_time():
+    clock = _Clock()
+    linger = work_op_module.YieldingLinger(3.0, 0.5, clock.sleep, waiting=lambda: None)
+    budget = run_loop.Budget(clock=lambda: clock.now)
+
+    assert linger.wait_for_work(budget, lambda: clock.now >= 1.0) is True
+    assert clock.now == 1.0
+    assert linger.wait_for_work(budget, lambda: False) is False
+    assert (clock.now, linger.yielded_to) == (4.0, [])
+
+
+def _burst(completed: int, failed: int = 0) -> run_loop.WorkDrain:
+    posts = ("posts-id", "posts")
+    return run_loop.WorkDrain(
+        run_loop.WorkDrainEnd.NOTHING_DUE,
+        WorkCounts(claimed=completed + failed, completed=completed, failed=failed),
+        {posts: completed} if completed else {},
+        {posts: failed} if failed else {},
+    )
+
+
+def test_coverage_is_recorded_at_the_first_burst_then_at_most_every_interval_and_at_the_end():
+    clock, recorded = _Clock(), []
+    coverage = work_op_module.CoverageRecorder(recorded.append, lambda: clock.now, interval=10.0)
+
+    coverage.burst(_burst(3))  # the run's first: at once
+    for _ in range(4):  # one edit every 1.5 s: summed, recorded when 10 s have passed
+        clock.sleep(1.5)
+        coverage.burst(_burst(1))
+    clock.sleep(5.0)
+    coverage.burst(_burst(2))  # 11 s after the first recording
+    clock.sleep(1.0)
+    coverage.burst(_burst(1))
+    coverage.flush()  # the run ends
+    coverage.flush()  # nothing left
+
+    assert [drain.counts.completed for drain in recorded] == [3, 6, 1]
+    assert recorded[1].completed_by_collection == {("posts-id", "posts"): 6}
+
+
+def test_a_burst_with_items_failed_for_good_is_recorded_at_once():
+    clock, recorded = _Clock(), []
+    coverage = work_op_module.CoverageRecorder(recorded.append, lambda: clock.now)
+    coverage.burst(_burst(1))
+    clock.sleep(1.0)
+    coverage.burst(_burst(1))
+    clock.sleep(1.0)
+    coverage.burst(_burst(0, failed=1))
+
+    assert [(drain.counts.completed, drain.counts.failed) for drain in recorded] == [
+        (1, 0),
+        (1, 1),
+    ]
+
+
+def _work_run_in_flight(instance, collection, status=dg.DagsterRunStatus.STARTED) -> dg.DagsterRun:
+    return instance.create_run_for_job(
+        job_def=media_usage_work,
+        status=status,
+        tags={COLLECTION_ID_TAG: collection.id, COLLECTION_TAG: collection.slug},
+    )
+
+
+def test_the_oldest_work_run_in_flight_gives_its_slot_to_a_collection_left_waiting(db, instance):
+    posts, articles, pages = (active_collection(db.engine, slug) for slug in SLUGS)
+    oldest = _work_run_in_flight(instance, posts)
+    younger = _work_run_in_flight(instance, articles)
+    insert_entry(db.engine, "posts", "entry-posts")  # its own work never counts
+    insert_entry(db.engine, "pages", "entry-pages")
+
+    def waiting(run: dg.DagsterRun, max_work_runs: int = 2) -> str | None:
+        context = SimpleNamespace(
+            instance=instance, job_name=media_usage_work.name, run_id=run.run_id
+        )
+        owner = run.tags[COLLECTION_ID_TAG]
+        return work_op_module.waiting_collection(context, db.engine, owner, max_work_runs)
+
+    assert waiting(oldest) == "pages"
+    assert waiting(younger) is None  # one run gives its slot up, not every run
+    assert waiting(oldest, max_work_runs=3) is None  # a free slot: the sensor launches pages' run
+    queued = _work_run_in_flight(instance, pages, dg.DagsterRunStatus.NOT_STARTED)
+    assert waiting(oldest, max_work_runs=3) is None  # pages has its run
+    instance.report_run_canceled(queued)
+    instance.report_run_canceled(younger)
+    assert waiting(oldest, max_work_runs=1) == "pages"
+    insert_entry(db.engine, "articles", "entry-articles")
+    assert waiting(oldest, max_work_runs=1) in {"pages", "articles"}
 
 
 def test_a_spent_time_budget_claims_nothing(db):

@@ -257,7 +257,7 @@ def test_the_run_key_follows_the_due_set_and_the_sensor_skips_when_nothing_is_du
         assert request.run_key.startswith(f"work:{posts.id}:")
         assert request.tags["media_usage/workflow"] == "work"
         config = request.run_config["ops"]["drain_due_work"]["config"]
-        assert (config["max_items"], config["linger_seconds"]) == (1, 0)
+        assert (config["max_items"], config["linger_seconds"], config["max_work_runs"]) == (1, 0, 1)
         lingering = resources_for(db.url, work_linger_seconds=45)
         [asked] = evaluate(media_usage_work_sensor, instance, lingering).run_requests
         assert asked.run_config["ops"]["drain_due_work"]["config"]["linger_seconds"] == 45
