@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import event, select, text, update
 from sqlalchemy.engine import make_url
 
 from media_usage_orchestration.store.core import schema
@@ -1115,6 +1115,18 @@ def test_each_due_state_is_walked_through_its_index(db, collection_id, pending_i
         assert reads and all(index in line for line in reads), plan
     assert "Bitmap" not in plan, plan
     assert "Sort" not in "\n".join(line for line in lines if "pending_work" in line), plan
+
+
+@pytest.mark.postgres_only("the planner setting is PostgreSQL's")
+def test_a_claim_leaves_its_session_planner_setting_as_it_found_it(db):
+    """The claim turns bitmap scans off for its own statement only (set, then reset, with no
+    transaction block around it): the pooled connection's next statements plan as usual."""
+    backlog(db.engine, size=20)
+
+    assert len(WorkRepository(db.engine).claim_due_batch(10, 60)) == 10
+
+    with db.engine.connect() as connection:
+        assert connection.execute(text("SHOW enable_bitmapscan")).scalar_one() == "on"
 
 
 def test_a_claim_takes_the_first_due_rows_of_its_collection_from_a_large_backlog(db):

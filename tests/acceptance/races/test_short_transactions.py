@@ -5,7 +5,8 @@ a batch's rows) holds its snapshot and its locks while the server waits for the 
 `pg_stat_activity` the session shows `idle in transaction`. Reads end before that work and
 writes re-assert what they read, so while 2,000 entries are drained (1,000 by a
 reconciliation, 1,000 captured writes by the work drain) a sampler in another process finds
-the drain's sessions idle in a transaction in at most a tenth of the samples that show one.
+the drain's sessions idle in a transaction in at most a tenth of the samples that show one
+(0.2-0.5 % measured; 13.4 % before reads ended ahead of the Python work, 283 of 2,116).
 
 Without a transaction around a batch's publication, its guarded write itself holds the
 collection's registry row: a collection deleted while the batch publishes gets nothing.

@@ -2,7 +2,8 @@
 replaced transparently; connections used moments ago are not pinged at all.
 
 Reads and single-statement writes skip BEGIN/COMMIT on PostgreSQL (two round trips each),
-and the pooled connection they used goes back to ordinary transactions afterwards.
+and the pooled connection they used goes back to ordinary transactions afterwards. The
+project's PostgreSQL sessions carry its name in `pg_stat_activity`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from sqlalchemy import text
 
 from media_usage_orchestration.store.core import engine as engine_module
 from media_usage_orchestration.store.core.engine import (
+    APPLICATION_NAME,
     create_database_engine,
+    independent_statements,
     read_transaction,
     single_statement,
 )
@@ -94,7 +97,13 @@ def test_reads_and_single_statements_run_without_a_transaction_block_on_postgres
         connection.execute(
             text("UPDATE _emdash_media_usage_activation SET updated_at = updated_at")
         )
-    assert read_autocommit is write_autocommit is db.is_postgres
+    with independent_statements(db.engine) as connection:
+        writes_autocommit = _autocommit(connection)
+        for _ in range(2):
+            connection.execute(
+                text("UPDATE _emdash_media_usage_activation SET updated_at = updated_at")
+            )
+    assert read_autocommit is write_autocommit is writes_autocommit is db.is_postgres
 
 
 def test_the_pooled_connection_returns_to_transactions_after_a_single_statement(db):
@@ -107,3 +116,24 @@ def test_the_pooled_connection_returns_to_transactions_after_a_single_statement(
     with db.engine.connect() as connection:
         values = connection.execute(text("SELECT updated_at FROM _emdash_media_usage_activation"))
         assert "x" not in [row[0] for row in values]
+
+
+# ==================================================================================================
+# Session names
+# ==================================================================================================
+
+
+def _application_name(engine) -> str:
+    with engine.connect() as connection:
+        return connection.execute(text("SELECT current_setting('application_name')")).scalar_one()
+
+
+def test_postgres_sessions_are_named_after_the_project_unless_told_otherwise(pg_engine):
+    assert _application_name(pg_engine) == APPLICATION_NAME
+    by_caller = create_database_engine(pg_engine.url, connect_args={"application_name": "mine"})
+    by_url = create_database_engine(pg_engine.url.update_query_dict({"application_name": "url"}))
+    try:
+        assert (_application_name(by_caller), _application_name(by_url)) == ("mine", "url")
+    finally:
+        by_caller.dispose()
+        by_url.dispose()
