@@ -27,6 +27,9 @@ def resolved(definitions: dg.Definitions) -> dg.Definitions:
     return definitions
 
 
+# A bad MEDIA_USAGE_WORK_LINGER_SECONDS stops the location from loading, saying why.
+work_linger_from_environment()
+
 defs = resolved(
     dg.Definitions(
         assets=[media_usage_index, media_usage_projection_cleanup, media_usage_media_library],
@@ -56,7 +59,7 @@ defs = resolved(
         schedules=[schedules.media_usage_maintenance_schedule],
         resources={
             "database": MediaUsageDatabase(),
-            "automation": MediaUsageAutomation(work_linger_seconds=work_linger_from_environment()),
+            "automation": MediaUsageAutomation(),
             # Only the lease-guarded graphs' claims go through an IO manager (ops/claim_io.py).
             "io_manager": claim_io_manager,
         },

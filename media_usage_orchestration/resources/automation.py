@@ -8,8 +8,9 @@ from pydantic import Field
 from media_usage_orchestration.processing.scrub import SLICE_ENTRIES, SLICE_SECONDS
 from media_usage_orchestration.values.errors import InvalidSettingError
 
-# How long a drained work run waits for more work, for a whole deployment (the automation
-# resource's `work_linger_seconds`); 0 where runs execute one at a time in one process.
+# How long a drained work run waits for more work, for a whole deployment (overrides the
+# automation resource's `work_linger_seconds`); 0 where runs execute one at a time in one
+# process.
 WORK_LINGER_ENV = "MEDIA_USAGE_WORK_LINGER_SECONDS"
 DEFAULT_WORK_LINGER_SECONDS = 30.0
 MAX_WORK_LINGER_SECONDS = 600.0
@@ -66,12 +67,15 @@ class MediaUsageAutomation(dg.ConfigurableResource):
     )
 
 
-def work_linger_from_environment() -> float:
-    """`MEDIA_USAGE_WORK_LINGER_SECONDS`, or the default when it is unset; anything but a number
-    of seconds from 0 to 600 stops the code location from loading, saying why."""
+def work_linger_from_environment(default: float = DEFAULT_WORK_LINGER_SECONDS) -> float:
+    """`MEDIA_USAGE_WORK_LINGER_SECONDS`, or `default` (the resource's value) when it is unset;
+    anything but a number of seconds from 0 to 600 is refused, saying why. Read when the
+    sensor asks for a run, not baked into the resource: the jobs' snapshots stay the same
+    whatever a process sets, so runs of the demo's lanes (which set 0) re-execute in `make
+    dev` as they are."""
     text = os.environ.get(WORK_LINGER_ENV, "").strip()
     if not text:
-        return DEFAULT_WORK_LINGER_SECONDS
+        return default
     try:
         seconds = float(text)
     except ValueError:

@@ -15,7 +15,10 @@ import dagster as dg
 from media_usage_orchestration.jobs import media_usage_work
 from media_usage_orchestration.ops.common import automation_default_status
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
-from media_usage_orchestration.resources.automation import MediaUsageAutomation
+from media_usage_orchestration.resources.automation import (
+    MediaUsageAutomation,
+    work_linger_from_environment,
+)
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (
     COLLECTION_ID_TAG,
@@ -104,7 +107,9 @@ def _work_run(
                         "max_items": automation.work_items_per_run,
                         "max_seconds": automation.work_seconds_per_run,
                         "batch_size": automation.work_batch_size,
-                        "linger_seconds": automation.work_linger_seconds,
+                        "linger_seconds": work_linger_from_environment(
+                            automation.work_linger_seconds
+                        ),
                         # a lingering run gives its slot up to a collection left waiting
                         "max_work_runs": automation.max_work_runs,
                     }

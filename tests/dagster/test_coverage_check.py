@@ -109,10 +109,13 @@ def test_the_asset_page_equals_status_after_every_kind_of_run(db):
         # Work: one entry projected, one failing for good on the resource limit.
         writer.update_entry("articles", sample_entry("art", 1)["id"], {"title": "edited"})
         writer.insert_entry("pages", oversized_entry("oversized"))
-        work = _job("media_usage_work").execute_in_process(
-            instance=instance, resources=resources(db)
+        # One run per collection, each taking the collection due earliest: articles, then pages.
+        projected, work = (
+            _job("media_usage_work").execute_in_process(instance=instance, resources=resources(db))
+            for _ in range(2)
         )
-        assert work.success  # the item's failure is its row's state, not the run's
+        assert projected.success and work.success  # a failure is its row's state, not the run's
+        assert instance.get_run_by_id(projected.run_id).tags[OUTCOME_TAG] == "projected"
         assert assert_page_equals_status(db, instance, "articles") is True
         assert assert_page_equals_status(db, instance, "pages") is False
         assert (

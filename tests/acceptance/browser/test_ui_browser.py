@@ -344,8 +344,8 @@ def test_the_runs_list_filtered_by_the_collection_tag_finds_every_run_of_it(ui):
         listed = listed_run_ids(page)
         # The work run's row reads what it did: projected, with its count.
         row = page.get_by_role("row").filter(has=run_link(page, projected.run_id))
-        expect(row).to_contain_text(f"{OUTCOME_TAG}=projected")
-        expect(row).to_contain_text(f"{COMPLETED_TAG}={completed}")
+        expect(row).to_contain_text(f"{OUTCOME_TAG}: projected")
+        expect(row).to_contain_text(f"{COMPLETED_TAG}: {completed}")
 
     assert listed == expected
 

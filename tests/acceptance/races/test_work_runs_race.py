@@ -95,8 +95,9 @@ def _install_ledger(path: str):
         WorkRepository.complete_work_batch = complete_work_batch
 
 
-def _work_process(url: str, ledger_path: str, summary_path: str, start) -> None:
-    """One contender: its own Dagster instance, its own engine, the real job."""
+def _work_process(url: str, collection_id: str, ledger_path: str, summary_path: str, start) -> None:
+    """One contender: its own Dagster instance, its own engine, the real job (a work run
+    drains one collection: two contenders per collection)."""
     import dagster as dg
 
     from media_usage_orchestration.jobs import media_usage_work
@@ -108,7 +109,12 @@ def _work_process(url: str, ledger_path: str, summary_path: str, start) -> None:
         run_config={
             "ops": {
                 "drain_due_work": {
-                    "config": {"max_items": 100_000, "max_seconds": 300, "batch_size": 25}
+                    "config": {
+                        "collection_id": collection_id,
+                        "max_items": 100_000,
+                        "max_seconds": 300,
+                        "batch_size": 25,
+                    }
                 }
             }
         },
@@ -136,8 +142,7 @@ def _read_ledger(path: Path) -> list[dict]:
 
 def test_four_work_runs_in_four_processes_drain_a_backlog_exactly_once(db, tmp_path):
     writer = CmsWriter(db.engine)
-    for slug in COLLECTIONS:
-        writer.create_collection(slug, MEDIA_FIELDS)
+    collection_ids = [writer.create_collection(slug, MEDIA_FIELDS).id for slug in COLLECTIONS]
     assert activate(db.engine)[-1].outcome is ActivationOutcome.ACTIVE
     for slug in COLLECTIONS:
         entries = sample_entries(slug, ITEMS_PER_COLLECTION)
@@ -153,7 +158,13 @@ def test_four_work_runs_in_four_processes_drain_a_backlog_exactly_once(db, tmp_p
     processes = [
         context.Process(
             target=_work_process,
-            args=(db.url, str(ledgers[index]), str(summaries[index]), start),
+            args=(
+                db.url,
+                collection_ids[index % len(collection_ids)],
+                str(ledgers[index]),
+                str(summaries[index]),
+                start,
+            ),
             name=f"work-{index}",
         )
         for index in range(PROCESSES)
