@@ -5,7 +5,6 @@ over within the interval writes no line."""
 from __future__ import annotations
 
 import dagster as dg
-import pytest
 
 from media_usage_orchestration import jobs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
