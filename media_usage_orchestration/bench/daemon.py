@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -124,13 +125,17 @@ def _daemon_process(home: Path, database_url: str) -> Iterator[tuple[subprocess.
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    # A bench terminated while the daemon runs still stops it (the finally below runs).
-    signal.signal(signal.SIGTERM, _exit_on_terminate)
+    # A bench terminated while the daemon runs still stops it (the finally below runs); only
+    # the main thread may set a handler.
+    handles_terminate = threading.current_thread() is threading.main_thread()
+    if handles_terminate:
+        signal.signal(signal.SIGTERM, _exit_on_terminate)
     try:
         yield process, log
     finally:
         stop_process_group(process)
-        signal.signal(signal.SIGTERM, previous)
+        if handles_terminate:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_on_terminate(_signal: int, _frame) -> None:

@@ -295,7 +295,7 @@ def _floor_findings(add, runs: Sequence[dict], dialect: str) -> None:
     ratio = round(overhead / floor, 2) if floor else None
     limit = TARGETS["overhead_over_floor"]
     rounds = f" (medians of {len(measured)})" if len(measured) > 1 else ""
-    what = f"{dialect} reconciliation run overhead / Dagster floor{rounds}"
+    what = f"{dialect} run overhead / Dagster floor{rounds}"
     add(what, ratio, f"<= {limit}", ratio is not None and ratio <= limit)
 
 

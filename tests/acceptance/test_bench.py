@@ -371,7 +371,7 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
         "sqlite queue sensor probe ms (10 rows)": (25.0, False),
         "sqlite queue sensor tick ms (10 rows)": (45.0, True),
         # Medians over the rounds: overhead 0.6 s, floor 0.5 s.
-        "sqlite reconciliation run overhead / Dagster floor (medians of 3)": (1.2, True),
+        "sqlite run overhead / Dagster floor (medians of 3)": (1.2, True),
         "sqlite live latency p50 s (2 edits/s)": (0.8, True),
         "sqlite live latency p95 s (2 edits/s)": (12.5, False),
         "sqlite live runs launched in the idle 60 s": (0, True),
