@@ -68,7 +68,7 @@ LIVE_COLLECTIONS = (
 COLUMNS_VARIANT = "columns"
 WATCH_SECONDS = 0.1
 # After the idle window, how long edits still unprojected may take before they count as lost.
-PROJECTION_GRACE_SECONDS = 60.0
+PROJECTION_GRACE_SECONDS = 120.0
 TARGETS = {"p50_seconds": 3.0, "p95_seconds": 10.0, "runs_in_idle": 0}
 DATABASE_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
