@@ -454,7 +454,10 @@ def test_the_floor_end_state_equals_the_drivers_and_the_digest_sees_a_difference
     with db.engine.begin() as connection:
         connection.execute(
             update(schema.occurrences)
-            .where(schema.occurrences.c.id == select(func.min(schema.occurrences.c.id)))
+            .where(
+                schema.occurrences.c.id
+                == select(func.min(schema.occurrences.c.id)).scalar_subquery()
+            )
             .values(media_id="another-media")
         )
     assert end_state_digest(db.engine, floor_collection)["digest"] != floor["digest"]

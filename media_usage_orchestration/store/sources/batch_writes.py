@@ -267,9 +267,10 @@ def _require_batch_members(
     if identities - {(collection_id, collection_slug)}:
         raise ValueError("A media usage batch holds sources of another collection identity")
     for item in publications:
-        values = item.source.row_values()
-        if values["identity_version"] != CANONICAL_IDENTITY_VERSION or (
-            values["source_type"] != SOURCE_TYPE_CONTENT
+        # The attributes themselves: the row is built once, when it is bound.
+        source = item.source
+        if source.identity_version != CANONICAL_IDENTITY_VERSION or (
+            source.source_type != SOURCE_TYPE_CONTENT
         ):
             raise ValueError("A media usage batch publishes only canonical content sources")
 
