@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from media_usage_orchestration.processing.phases import phase
 from media_usage_orchestration.processing.reconciliation import machine
@@ -182,25 +182,71 @@ def prepare_run(engine: Engine, claim: ReconciliationClaim) -> StepResult:
     return StepResult(ReconciliationOutcome.ADVANCED, machine.as_claim(current))
 
 
+@dataclass(frozen=True)
+class PageStep:
+    """A page's outcome; `claim` is the coordinator as the page left it and `fields` the run's
+    fields, both for the walk's next page (`fields` is None when that page must read the row
+    again, as the first page of an op does)."""
+
+    outcome: ScanOutcome | ReconciliationOutcome
+    claim: ReconciliationClaim
+    fields: RunFields | None = None
+
+
+# What a carried page that did not advance may have run into without writing anything (a
+# lease taken over, an epoch moved, the walk's end): the row, read again, says which.
+_UNWRITTEN = frozenset(
+    {ScanOutcome.EXHAUSTED, ScanOutcome.DEFERRED, ReconciliationOutcome.CLAIM_LOST}
+)
+
+
 def scan_page(
-    engine: Engine, claim: ReconciliationClaim, lease_seconds: int = LEASE_DURATION_SECONDS
-) -> ScanOutcome:
+    engine: Engine,
+    claim: ReconciliationClaim,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
+    fields_: RunFields | None = None,
+) -> PageStep:
     """Enqueue and checkpoint one scan page (beginning the run first if `prepare_run` has
     not); the checkpoint renews the lease once past its half. `exhausted` once the scan is
     done or the run is already past it; `deferred` when the lease or the checkpoint was lost,
-    or the run must wait."""
+    or the run must wait.
+
+    With `fields_` (the walk's previous page advanced) `claim` is the row as that page's
+    checkpoint left it, and the page is written without reading the row first: its enqueue
+    and checkpoint re-assert lease, run, status epoch and cursor, so a refused page changed
+    nothing and is then judged from the row as it is now."""
     repository = ReconciliationRepository(engine)
+    if fields_ is not None:
+        paged = machine.scan_next_page(engine, repository, claim, claim, fields_, lease_seconds)
+        if paged.outcome not in _UNWRITTEN:
+            return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
+    return _scan_page_read(engine, repository, claim, lease_seconds)
+
+
+def _scan_page_read(
+    engine: Engine,
+    repository: ReconciliationRepository,
+    claim: ReconciliationClaim,
+    lease_seconds: int,
+) -> PageStep:
     current = machine.current_record(repository, claim)
     if current is None:
-        return ScanOutcome.DEFERRED
+        return PageStep(ScanOutcome.DEFERRED, claim)
     if current.phase is not ReconciliationPhase.SCAN:
-        return ScanOutcome.EXHAUSTED
+        return PageStep(ScanOutcome.EXHAUSTED, claim)
     if current.target_epoch is not None and not repository.owns_run(claim, current.target_epoch):
-        return ScanOutcome.RESTART_REQUIRED
-    scanned = machine.scan_claimed(engine, repository, claim, current, lease_seconds)
-    if scanned is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
-        return ScanOutcome.DEFERRED
-    return scanned
+        return PageStep(ScanOutcome.RESTART_REQUIRED, claim)
+    if current.target_epoch is None:
+        fields_ = machine.begin_run(engine, repository, claim)
+        current = machine.current_record(repository, claim) if fields_ else None
+        if current is None:
+            return PageStep(ScanOutcome.DEFERRED, claim)
+    else:
+        fields_ = machine.load_run_fields(engine, claim)
+    paged = machine.scan_next_page(engine, repository, claim, current, fields_, lease_seconds)
+    if paged.outcome is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
+        return PageStep(ScanOutcome.DEFERRED, claim)
+    return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
 
 
 def restart(engine: Engine, claim: ReconciliationClaim) -> StepResult:
@@ -245,26 +291,45 @@ def _enter_sources(engine: Engine, claim: ReconciliationClaim) -> StepResult:
 
 
 def source_page(
-    engine: Engine, claim: ReconciliationClaim, lease_seconds: int = LEASE_DURATION_SECONDS
-) -> ScanOutcome | ReconciliationOutcome:
+    engine: Engine,
+    claim: ReconciliationClaim,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
+    fields_: RunFields | None = None,
+) -> PageStep:
     """Walk one page of canonical sources, enqueueing work for entries whose content is gone
     (every entry when the collection has no media fields); the checkpoint renews the lease
-    once past its half. `deferred` when the run is not in its source walk."""
+    once past its half. `deferred` when the run is not in its source walk. With `fields_`
+    the page starts from `claim` as the previous page left it, as `scan_page` does."""
     repository = ReconciliationRepository(engine)
+    if fields_ is not None:
+        paged = machine.source_page_claimed(
+            engine, repository, claim, claim, fields_, lease_seconds
+        )
+        if paged.outcome not in _UNWRITTEN:
+            return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
+    return _source_page_read(engine, repository, claim, lease_seconds)
+
+
+def _source_page_read(
+    engine: Engine,
+    repository: ReconciliationRepository,
+    claim: ReconciliationClaim,
+    lease_seconds: int,
+) -> PageStep:
     current = machine.current_record(repository, claim)
     if current is None:
-        return ReconciliationOutcome.CLAIM_LOST
+        return PageStep(ReconciliationOutcome.CLAIM_LOST, claim)
     if current.phase is not ReconciliationPhase.SOURCES:
-        return ScanOutcome.DEFERRED
+        return PageStep(ScanOutcome.DEFERRED, claim)
     if current.target_epoch is None or current.field_fingerprint is None:
-        return ReconciliationOutcome.CLAIM_LOST
+        return PageStep(ReconciliationOutcome.CLAIM_LOST, claim)
     fields_ = machine.load_run_fields(engine, claim)
     if machine.run_moved(repository, claim, current, fields_):
-        return ScanOutcome.RESTART_REQUIRED
+        return PageStep(ScanOutcome.RESTART_REQUIRED, claim)
     paged = machine.source_page_claimed(engine, repository, claim, current, fields_, lease_seconds)
-    if paged is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
-        return ReconciliationOutcome.CLAIM_LOST
-    return paged
+    if paged.outcome is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
+        return PageStep(ReconciliationOutcome.CLAIM_LOST, claim)
+    return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
 
 
 def finalize(engine: Engine, claim: ReconciliationClaim) -> StepResult:

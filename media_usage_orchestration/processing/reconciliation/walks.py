@@ -70,27 +70,31 @@ def source_pages(
 def _page_walk(
     engine: Engine,
     claim: ReconciliationClaim,
-    step: Callable[[Engine, ReconciliationClaim, int], PageOutcome],
+    step: Callable[..., steps.PageStep],
     budget: Budget,
     lease_seconds: int,
     progress: Callable[[PageOutcome], None] | None,
     *,
     rescan: bool,
 ) -> Paging[ReconciliationClaim, PageOutcome]:
-    checkpointed = False
+    # The run's fields once the walk's first page read them; each later page starts from the
+    # claim its predecessor's checkpoint left, so the row, the status and the fields are read
+    # once per walk (and again only where a page's guarded write was refused).
+    fields_ = None
 
     def page(claim: ReconciliationClaim) -> Page[ReconciliationClaim, PageOutcome]:
-        nonlocal checkpointed
-        paged = step(engine, claim, lease_seconds)
-        checkpointed = paged is ScanOutcome.ADVANCED
-        if paged is ScanOutcome.RESTART_REQUIRED:
-            return _restarted(engine, claim, rescan=rescan)
-        return Page(paged, claim, more=paged is ScanOutcome.ADVANCED)
+        nonlocal fields_
+        paged = step(engine, claim, lease_seconds, fields_)
+        advanced = paged.outcome is ScanOutcome.ADVANCED
+        fields_ = paged.fields if advanced else None
+        if paged.outcome is ScanOutcome.RESTART_REQUIRED:
+            return _restarted(engine, paged.claim, rescan=rescan)
+        return Page(paged.outcome, paged.claim, more=advanced)
 
     def renew(held: ReconciliationClaim) -> ReconciliationClaim | None:
         # An advanced page's checkpoint renewed the lease (past its half) in its own guarded
         # statement: no write of its own is needed before the next page.
-        return held if checkpointed else steps.renew(engine, held, lease_seconds)
+        return held if fields_ is not None else steps.renew(engine, held, lease_seconds)
 
     return _walk(engine, claim, page, budget, lease_seconds, progress, renew)
 
