@@ -1100,18 +1100,16 @@ class WorkRepository:
         written nor returned. On PostgreSQL the candidates are locked `FOR UPDATE SKIP LOCKED`,
         so concurrent batches take disjoint rows. Records come back in due order; each is then
         completed, retried, failed or renewed under its own lease. With `collection_id`, only
-        that collection's due rows are candidates. With `while_capture_active`, the activation
-        row is read first and nothing is claimed (None) unless capture is active, as EmDash's
-        processor checks before each claim; the UPDATE re-asserts it, so a claim never lands
-        after capture was deactivated. The UPDATE is a statement of its own (no transaction
+        that collection's due rows are candidates. With `while_capture_active` nothing is claimed
+        unless capture is active, as EmDash's processor checks before each claim: the UPDATE
+        asserts it, so a claim never lands after capture was deactivated, and only a claim that
+        took nothing reads the activation row, to tell inactive (None) from nothing due. The UPDATE is a statement of its own (no transaction
         block on PostgreSQL), and records are built once it has committed.
         """
         limit = _due_limit(limit)
         if collection_id is not None:
             require_text(collection_id, "Media usage batch claim collection ID must not be empty")
         lease_seconds = _lease_seconds(lease_seconds)
-        if while_capture_active and not self._capture_active():
-            return None
         tokens = new_ulids(limit)
         dialect_name = self.engine.dialect.name
         ranked = [{"rank": rank, "lease_token": token} for rank, token in enumerate(tokens, 1)]
@@ -1127,6 +1125,8 @@ class WorkRepository:
             _due_indexes_walked_in_order(connection),
         ):
             rows = connection.execute(statement, parameters).all()
+        if not rows and while_capture_active and not self._capture_active():
+            return None
         order = {token: index for index, token in enumerate(tokens)}
         return sorted(_records(rows), key=lambda record: order[record.lease_token])
 
