@@ -22,7 +22,11 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ReconciliationOutcome,
     ScanOutcome,
 )
-from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.core.engine import (
+    Connection,
+    Engine,
+    guarded_writes_together,
+)
 from media_usage_orchestration.store.reconciliations import (
     ReconciliationClaim,
     ReconciliationPhase,
@@ -96,7 +100,7 @@ def _scan_upper_id(
 
 
 def _enqueue(
-    engine: Engine,
+    engine: Engine | Connection,
     claim: ReconciliationRecord,
     target_epoch: int,
     phase: str,
@@ -202,15 +206,20 @@ def scan_next_page(
     """Enqueue the next scan page after `current.scan_cursor` and checkpoint it."""
     if current.field_fingerprint != fields_.fingerprint or current.target_epoch is None:
         return Paged(ScanOutcome.RESTART_REQUIRED, current)
-    content_ids = repository.find_scan_page(current, PAGE_SIZE)
-    if not content_ids:
-        return Paged(ScanOutcome.EXHAUSTED, current)
-    _enqueue(engine, claim, current.target_epoch, "scan", content_ids)
-    expiry = repository.checkpoint_scan(
-        claim, current.target_epoch, current.scan_cursor, content_ids[-1], lease_seconds
-    )
-    if expiry is None:
-        return Paged(ScanOutcome.DEFERRED, current)
+    # The page's read, enqueue and checkpoint commit together: one commit per page, and a
+    # refused checkpoint takes its enqueue back with it.
+    with guarded_writes_together(engine) as connection:
+        in_page = ReconciliationRepository(connection)
+        content_ids = in_page.find_scan_page(current, PAGE_SIZE)
+        if not content_ids:
+            return Paged(ScanOutcome.EXHAUSTED, current)
+        _enqueue(connection, claim, current.target_epoch, "scan", content_ids)
+        expiry = in_page.checkpoint_scan(
+            claim, current.target_epoch, current.scan_cursor, content_ids[-1], lease_seconds
+        )
+        if expiry is None:
+            connection.rollback()
+            return Paged(ScanOutcome.DEFERRED, current)
     return _checkpointed(current, expiry, scan_cursor=content_ids[-1])
 
 
@@ -250,17 +259,21 @@ def source_page_claimed(
     if any(_is_invalid_source(source) for source in page):
         return Paged(_fail_run(repository, claim, INVALID_SOURCE), current)
     content_ids = list(dict.fromkeys(source.content_id for source in page))
-    # Without media fields every source is stale (its projection must become empty);
-    # otherwise the scan already refreshed every existing entry, so only absent ones remain.
-    if fields_.extracts:
-        content_ids = repository.find_missing_content_ids(claim.collection_slug, content_ids)
-    if content_ids:
-        _enqueue(engine, claim, current.target_epoch, "sources", content_ids)
-    expiry = repository.checkpoint_sources(
-        claim, current.target_epoch, current.source_cursor, page[-1].source_key, lease_seconds
-    )
-    if expiry is None:
-        return Paged(ReconciliationOutcome.CLAIM_LOST, current)
+    # The page's enqueue and checkpoint commit together, as a scan page's do.
+    with guarded_writes_together(engine) as connection:
+        in_page = ReconciliationRepository(connection)
+        # Without media fields every source is stale (its projection must become empty);
+        # otherwise the scan already refreshed every existing entry, so only absent ones remain.
+        if fields_.extracts:
+            content_ids = in_page.find_missing_content_ids(claim.collection_slug, content_ids)
+        if content_ids:
+            _enqueue(connection, claim, current.target_epoch, "sources", content_ids)
+        expiry = in_page.checkpoint_sources(
+            claim, current.target_epoch, current.source_cursor, page[-1].source_key, lease_seconds
+        )
+        if expiry is None:
+            connection.rollback()
+            return Paged(ReconciliationOutcome.CLAIM_LOST, current)
     return _checkpointed(current, expiry, source_cursor=page[-1].source_key)
 
 
