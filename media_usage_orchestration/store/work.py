@@ -59,7 +59,11 @@ from media_usage_orchestration.store.core.engine import (
     read_transaction,
     single_statement,
 )
-from media_usage_orchestration.store.core.id_lists import in_text_list
+from media_usage_orchestration.store.core.id_lists import (
+    in_text_list,
+    text_list_item,
+    text_list_parameter,
+)
 from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.leases import (
     LeaseState,
@@ -478,8 +482,8 @@ def _operator_rows_statement(
 
 
 _CLAIM_COLLECTION = bindparam("claim_collection_id", type_=Text)
-# The claim's fresh lease tokens, one per rank, bound as one relation.
-_CLAIM_TOKENS = JsonRows.of("claim_token", {"rank": Integer(), "lease_token": Text()})
+# The claim's fresh lease tokens, bound as one list: the candidate of rank n takes the nth.
+_CLAIM_TOKENS = text_list_parameter("claim_lease_tokens")
 
 
 @contextlib.contextmanager
@@ -514,12 +518,10 @@ def _claim_batch_statement(
     collection are bound at execution."""
     collection_id = _CLAIM_COLLECTION if by_collection else None
     candidate = _batch_candidates(limit, dialect_name == "postgresql", collection_id)
-    token = _CLAIM_TOKENS.relation(dialect_name)
     conditions = [
         work.c.collection_id == candidate.c.collection_id,
         work.c.content_id == candidate.c.content_id,
         work.c.work_version == candidate.c.work_version,
-        token.c.rank == candidate.c.rank,
         is_claimable(work),
     ]
     if while_capture_active:
@@ -528,7 +530,7 @@ def _claim_batch_statement(
         update(work)
         .values(
             state=_LEASED,
-            lease_token=token.c.lease_token,
+            lease_token=text_list_item(_CLAIM_TOKENS, candidate.c.rank),
             lease_expires_at=timestamp_offset(lease_seconds),
             last_attempted_at=now(),
             updated_at=now(),
@@ -1112,11 +1114,7 @@ class WorkRepository:
         lease_seconds = _lease_seconds(lease_seconds)
         tokens = new_ulids(limit)
         dialect_name = self.engine.dialect.name
-        ranked = [{"rank": rank, "lease_token": token} for rank, token in enumerate(tokens, 1)]
-        parameters = {
-            **_CLAIM_TOKENS.bind(dialect_name, ranked),
-            _CLAIM_COLLECTION.key: collection_id,
-        }
+        parameters = {_CLAIM_TOKENS.key: tokens, _CLAIM_COLLECTION.key: collection_id}
         statement = _claim_batch_statement(
             dialect_name, limit, lease_seconds, collection_id is not None, while_capture_active
         )

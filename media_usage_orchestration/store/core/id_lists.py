@@ -73,6 +73,43 @@ def _compile_any_text_list(element: _InTextList, compiler, **kw) -> str:
     return f"{column} = ANY({values})"
 
 
+class _TextListItem(ColumnElement[str]):
+    """The value at a 1-based `position` of a bound text list."""
+
+    inherit_cache = True
+    type = Text()
+
+    def __init__(self, values: BindParameter, position: ColumnElement) -> None:
+        self.values = values
+        self.position = position
+
+    _traverse_internals: ClassVar = [
+        ("values", InternalTraversal.dp_clauseelement),
+        ("position", InternalTraversal.dp_clauseelement),
+    ]
+
+
+@compiles(_TextListItem)
+def _compile_json_array_item(element: _TextListItem, compiler, **kw) -> str:
+    values = compiler.process(element.values, **kw)
+    position = compiler.process(element.position, **kw)
+    return f"json_extract({values}, '$[' || (({position}) - 1) || ']')"
+
+
+@compiles(_TextListItem, "postgresql")
+def _compile_array_item(element: _TextListItem, compiler, **kw) -> str:
+    values = compiler.process(element.values, **kw)
+    position = compiler.process(element.position, **kw)
+    return f"(CAST({values} AS TEXT[]))[{position}]"
+
+
+def text_list_item(values: BindParameter | str, position: ColumnElement) -> ColumnElement[str]:
+    """The value at 1-based `position` of the list bound to `values`: a lookup per row where a
+    join with the list as a relation would read the whole list for every row."""
+    parameter = text_list_parameter(values) if isinstance(values, str) else values
+    return _TextListItem(parameter, position)
+
+
 def text_list_parameter(name: str) -> BindParameter:
     return bindparam(name, type_=TextList())
 
@@ -83,4 +120,4 @@ def in_text_list(column: ColumnElement, values: BindParameter | str) -> ColumnEl
     return _InTextList(column, parameter)
 
 
-__all__ = ["TextList", "in_text_list", "text_list_parameter"]
+__all__ = ["TextList", "in_text_list", "text_list_item", "text_list_parameter"]
