@@ -135,7 +135,37 @@ def drain_collection_work(
             pause(OTHER_CLAIMERS_POLL_SECONDS)
             return Page(done, claim, more=_work_pending(engine, claim))
 
-        return _walk(engine, claim, batch, budget, lease_seconds, progress)
+        return _walk(
+            engine,
+            claim,
+            batch,
+            budget,
+            lease_seconds,
+            progress,
+            _sparse_renewal(engine, lease_seconds),
+        )
+
+
+def _sparse_renewal(
+    engine: Engine, lease_seconds: int, clock: Callable[[], float] = time.monotonic
+) -> Callable[[ReconciliationClaim], ReconciliationClaim | None]:
+    """The drain's renewal between batches: the first one renews (the claim's last renewal
+    is not known here), later ones only once a quarter of the lease went by since the last
+    (a batch takes milliseconds: renewing after each was a write per batch for nothing). As
+    for a work batch's leases, the process's clock only decides when to ask; whether the
+    lease is still live and how far it extends is decided by the database in the renewal
+    itself, which renews only past half the lease."""
+    renewed_at: float | None = None
+
+    def renew(held: ReconciliationClaim) -> ReconciliationClaim | None:
+        nonlocal renewed_at
+        if renewed_at is not None and clock() - renewed_at < lease_seconds / 4:
+            return held
+        renewed = steps.renew(engine, held, lease_seconds)
+        renewed_at = clock()
+        return renewed
+
+    return renew
 
 
 def _work_pending(engine: Engine, claim: ReconciliationClaim) -> bool:
