@@ -327,6 +327,73 @@ def test_an_expired_lease_is_not_mistaken_for_an_exhausted_walk(db):
     assert work_rows(db.engine, collection) == {}
 
 
+def test_a_carried_page_reads_nothing_before_it_writes(db, monkeypatch):
+    """Pages after a walk's first start from the claim the previous checkpoint left: the
+    coordinator and the fields are read by the first page and by the page that finds the
+    scan exhausted, not by each page."""
+    collection = untrusted_collection(db.engine, "articles", entry_ids(120))
+    claim = prepared(db, collection)
+    reads = []
+    find = ReconciliationRepository.find_by_identity
+    monkeypatch.setattr(
+        ReconciliationRepository,
+        "find_by_identity",
+        lambda self, *args: reads.append(args) or find(self, *args),
+    )
+
+    paged = scan_page(db.engine, claim)
+    outcomes, cursors = [paged.outcome], [paged.claim.scan_cursor]
+    while paged.outcome is ScanOutcome.ADVANCED:
+        paged = scan_page(db.engine, paged.claim, 60, paged.fields)
+        outcomes.append(paged.outcome)
+        cursors.append(paged.claim.scan_cursor)
+
+    assert outcomes == [ScanOutcome.ADVANCED] * 3 + [ScanOutcome.EXHAUSTED]
+    assert cursors[:3] == ["entry-049", "entry-099", "entry-119"]
+    assert len(reads) == 2
+    row = coordinator(db.engine, collection)
+    assert row["scan_cursor"] == "entry-119"
+    # The carried claim is the row as the last checkpoint left it.
+    assert paged.claim.lease_expires_at == row["lease_expires_at"]
+    assert len(work_rows(db.engine, collection)) == 120
+
+
+def test_a_carried_page_whose_lease_was_taken_over_writes_nothing_and_stops(db):
+    collection = untrusted_collection(db.engine, "articles", entry_ids(120))
+    first = scan_page(db.engine, prepared(db, collection))
+    assert first.outcome is ScanOutcome.ADVANCED
+    expire_lease(db.engine, collection)
+    successor = claimed(db.engine, collection)
+    before = coordinator(db.engine, collection)
+
+    # The page's enqueue and checkpoint are refused by their own guards; nothing was read
+    # before them, and the row read afterwards says why.
+    taken_over = scan_page(db.engine, first.claim, 60, first.fields)
+
+    assert (taken_over.outcome, taken_over.fields) == (ScanOutcome.DEFERRED, None)
+    assert coordinator(db.engine, collection) == before
+    assert sorted(work_rows(db.engine, collection)) == entry_ids(50)
+    assert before["lease_token"] == successor.lease_token
+
+
+def test_a_carried_page_after_a_captured_write_writes_nothing_and_restarts(db):
+    collection = captured_collection(
+        db.engine, "articles", sample_entries("art", 120), MEDIA_FIELDS
+    )
+    first = scan_page(db.engine, prepared(db, collection))
+    assert first.outcome is ScanOutcome.ADVANCED
+    CmsWriter(db.engine).update_entry("articles", "art-e00100", {"title": "edited mid-run"})
+    before = coordinator(db.engine, collection)
+    queued = work_rows(db.engine, collection)
+
+    moved = scan_page(db.engine, first.claim, 60, first.fields)
+
+    assert moved.outcome is ScanOutcome.RESTART_REQUIRED
+    assert coordinator(db.engine, collection) == before
+    # Only the captured entry was queued since: the refused page enqueued nothing.
+    assert set(work_rows(db.engine, collection)) == set(queued) | {"art-e00100"}
+
+
 def test_an_unfinished_scan_is_handed_back_instead_of_entering_sources(db):
     collection = untrusted_collection(db.engine, "articles", entry_ids(60))
     claim = prepared(db, collection)
