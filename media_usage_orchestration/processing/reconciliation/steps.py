@@ -215,12 +215,41 @@ def scan_page(
     checkpoint left it, and the page is written without reading the row first: its enqueue
     and checkpoint re-assert lease, run, status epoch and cursor, so a refused page changed
     nothing and is then judged from the row as it is now."""
+    return _carried_or_read(
+        engine, claim, lease_seconds, fields_, machine.scan_next_page, _scan_page_read
+    )
+
+
+def _carried_or_read(
+    engine: Engine,
+    claim: ReconciliationClaim,
+    lease_seconds: int,
+    fields_: RunFields | None,
+    next_page: Callable[..., machine.Paged],
+    read_page: Callable[..., PageStep],
+) -> PageStep:
+    """The page from the carried claim when `fields_` is given; from the row read first when
+    not, or when the carried page wrote nothing (its guards only say that something moved)."""
     repository = ReconciliationRepository(engine)
     if fields_ is not None:
-        paged = machine.scan_next_page(engine, repository, claim, claim, fields_, lease_seconds)
+        paged = next_page(engine, repository, claim, claim, fields_, lease_seconds)
         if paged.outcome not in _UNWRITTEN:
             return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
-    return _scan_page_read(engine, repository, claim, lease_seconds)
+    return read_page(engine, repository, claim, lease_seconds)
+
+
+def _page_step(
+    repository: ReconciliationRepository,
+    claim: ReconciliationClaim,
+    paged: machine.Paged,
+    fields_: RunFields,
+    lost: ScanOutcome | ReconciliationOutcome,
+) -> PageStep:
+    """A page taken from the row: an empty page is `lost` when the lease is gone (the guarded
+    page read sees nothing then), not the walk's end."""
+    if paged.outcome is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
+        return PageStep(lost, claim)
+    return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
 
 
 def _scan_page_read(
@@ -244,9 +273,7 @@ def _scan_page_read(
     else:
         fields_ = machine.load_run_fields(engine, claim)
     paged = machine.scan_next_page(engine, repository, claim, current, fields_, lease_seconds)
-    if paged.outcome is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
-        return PageStep(ScanOutcome.DEFERRED, claim)
-    return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
+    return _page_step(repository, claim, paged, fields_, ScanOutcome.DEFERRED)
 
 
 def restart(engine: Engine, claim: ReconciliationClaim) -> StepResult:
@@ -300,14 +327,9 @@ def source_page(
     (every entry when the collection has no media fields); the checkpoint renews the lease
     once past its half. `deferred` when the run is not in its source walk. With `fields_`
     the page starts from `claim` as the previous page left it, as `scan_page` does."""
-    repository = ReconciliationRepository(engine)
-    if fields_ is not None:
-        paged = machine.source_page_claimed(
-            engine, repository, claim, claim, fields_, lease_seconds
-        )
-        if paged.outcome not in _UNWRITTEN:
-            return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
-    return _source_page_read(engine, repository, claim, lease_seconds)
+    return _carried_or_read(
+        engine, claim, lease_seconds, fields_, machine.source_page_claimed, _source_page_read
+    )
 
 
 def _source_page_read(
@@ -327,9 +349,7 @@ def _source_page_read(
     if machine.run_moved(repository, claim, current, fields_):
         return PageStep(ScanOutcome.RESTART_REQUIRED, claim)
     paged = machine.source_page_claimed(engine, repository, claim, current, fields_, lease_seconds)
-    if paged.outcome is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
-        return PageStep(ReconciliationOutcome.CLAIM_LOST, claim)
-    return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
+    return _page_step(repository, claim, paged, fields_, ReconciliationOutcome.CLAIM_LOST)
 
 
 def finalize(engine: Engine, claim: ReconciliationClaim) -> StepResult:
