@@ -202,15 +202,20 @@ def scan_next_page(
     current: ReconciliationRecord,
     fields_: RunFields,
     lease_seconds: int,
+    *,
+    guarded_read: bool = True,
 ) -> Paged:
-    """Enqueue the next scan page after `current.scan_cursor` and checkpoint it."""
+    """Enqueue the next scan page after `current.scan_cursor` and checkpoint it. Without
+    `guarded_read` the page's ids are read without the claim's guard: its enqueue and
+    checkpoint, in the same transaction, refuse once the lease is lost (then the caller must
+    not take an empty page for the scan's end without looking at the row)."""
     if current.field_fingerprint != fields_.fingerprint or current.target_epoch is None:
         return Paged(ScanOutcome.RESTART_REQUIRED, current)
     # The page's read, enqueue and checkpoint commit together: one commit per page, and a
     # refused checkpoint takes its enqueue back with it.
     with guarded_writes_together(engine) as connection:
         in_page = ReconciliationRepository(connection)
-        content_ids = in_page.find_scan_page(current, PAGE_SIZE)
+        content_ids = in_page.find_scan_page(current, PAGE_SIZE, guarded=guarded_read)
         if not content_ids:
             return Paged(ScanOutcome.EXHAUSTED, current)
         _enqueue(connection, claim, current.target_epoch, "scan", content_ids)

@@ -216,8 +216,13 @@ def scan_page(
     and checkpoint re-assert lease, run, status epoch and cursor, so a refused page changed
     nothing and is then judged from the row as it is now."""
     return _carried_or_read(
-        engine, claim, lease_seconds, fields_, machine.scan_next_page, _scan_page_read
+        engine, claim, lease_seconds, fields_, _carried_scan_page, _scan_page_read
     )
+
+
+def _carried_scan_page(*args) -> machine.Paged:
+    # Any page that does not advance (an empty one too) is taken again from the row.
+    return machine.scan_next_page(*args, guarded_read=False)
 
 
 def _carried_or_read(
