@@ -30,6 +30,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     delete,
     exists,
     func,
@@ -37,7 +38,6 @@ from sqlalchemy import (
     null,
     or_,
     select,
-    tuple_,
     union_all,
     update,
 )
@@ -694,40 +694,27 @@ def complete_leases(connection: Connection, leases: Sequence[WorkLease]) -> set[
     parameters = {
         "held_collection_ids": sorted({lease.collection_id for lease in leases}),
         "held_content_ids": [lease.content_id for lease in leases],
-        **_HELD_LEASES.bind(connection.dialect.name, [vars(lease) for lease in leases]),
+        "held_token_versions": [f"{lease.lease_token} {lease.work_version}" for lease in leases],
     }
-    statement = _complete_leases_statement(connection.dialect.name)
+    statement = _complete_leases_statement()
     return {
         (row.collection_id, row.content_id) for row in connection.execute(statement, parameters)
     }
 
 
-_HELD_LEASES = JsonRows.of(
-    "held_lease",
-    {
-        "collection_id": Text(),
-        "content_id": Text(),
-        "work_version": BigInteger(),
-        "lease_token": Text(),
-    },
-)
-
-
-@functools.lru_cache(maxsize=4)
-def _complete_leases_statement(dialect_name: str):
-    """The two lists (one parameter each, so one statement text) let the rows be found
-    through an index; each is deleted only if one
-    of the leases names it exactly - version and token - and it is still leased and live."""
-    held = _HELD_LEASES.relation(dialect_name)
-    holds_one_of_them = tuple_(
-        work.c.collection_id, work.c.content_id, work.c.work_version, work.c.lease_token
-    ).in_(select(held.c.collection_id, held.c.content_id, held.c.work_version, held.c.lease_token))
+@functools.cache
+def _complete_leases_statement():
+    """The rows are found through the primary key (the two id lists); each is deleted only if
+    one of the leases names its exact token and version (a lease token is a fresh ULID per
+    claimed row, so it names the row too), and it is still leased and live. Each list is one
+    parameter, so one statement text whatever the batch's size."""
+    held = work.c.lease_token.concat(" ").concat(cast(work.c.work_version, Text))
     return (
         delete(work)
         .where(
             in_text_list(work.c.collection_id, "held_collection_ids"),
             in_text_list(work.c.content_id, "held_content_ids"),
-            holds_one_of_them,
+            in_text_list(held, "held_token_versions"),
             work.c.state == _LEASED,
             _lease_is_live(),
         )
