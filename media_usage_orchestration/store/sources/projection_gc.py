@@ -265,10 +265,18 @@ class ProjectionGcRepository:
         return record_from_row(GcClaim, claim, consecutive_failures=int)
 
     def complete(
-        self, lease_token: str, counters: GcCounters, next_cursor: GcCursor | None, swept: bool
+        self,
+        lease_token: str,
+        counters: GcCounters,
+        next_cursor: GcCursor | None,
+        swept: bool,
+        *,
+        due_now: bool = False,
     ) -> bool:
         """Release the lease with the pass's counters; a finished sweep forgets its cursor and
-        cutoff so the next one starts over with a fresh cutoff."""
+        cutoff so the next one starts over with a fresh cutoff. `due_now` makes the row due at
+        once (a full pass: more is right behind it); otherwise it stays due when the claim set
+        it, EmDash's interval after the claim."""
         values = {
             "lease_token": None,
             "lease_expires_at": None,
@@ -289,6 +297,8 @@ class ProjectionGcRepository:
         }
         if swept:
             values["scan_before_at"] = None
+        if due_now:
+            values["next_eligible_at"] = timestamp_offset(0)
         return self._release(lease_token, values)
 
     def fail(
