@@ -51,7 +51,11 @@ from media_usage_orchestration.store.core.clock import (
     timestamp_offset,
     validate_duration,
 )
-from media_usage_orchestration.store.core.engine import is_postgres, read_transaction
+from media_usage_orchestration.store.core.engine import (
+    is_postgres,
+    read_transaction,
+    single_statement,
+)
 from media_usage_orchestration.store.core.schema import (
     CLEANUP_TASK_KEY,
     cleanup,
@@ -174,7 +178,9 @@ def task_is_claimable() -> ColumnElement[bool]:
 # Every sweep statement is built once per dialect with bound parameters (the pass's lease
 # token, cutoff, cursor, ids and limits), so a pass sends the same SQL text each time: nothing
 # is rebuilt or re-keyed per pass (a backlog takes thousands of passes), and PostgreSQL can
-# prepare each statement once per connection.
+# prepare each statement once per connection. Each statement is a transaction of its own
+# (`single_statement`: on PostgreSQL without BEGIN and COMMIT round trips), atomic with its
+# guards and the fence's triggers; no transaction spans two statements of a pass.
 _HELD = cleanup.alias("cleanup_lease")
 _WRITER = generation_writes.alias("writer")
 _SOURCE = sources.alias("source")
@@ -352,7 +358,7 @@ class ProjectionGcRepository:
                 cleanup.c.consecutive_failures,
             )
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             row = connection.execute(statement).mappings().first()
         if row is None:
             return None
@@ -434,7 +440,7 @@ class ProjectionGcRepository:
             )
             .values(values)
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement).rowcount > 0
 
     def read_task(self) -> GcTaskRow | None:
@@ -459,7 +465,7 @@ class ProjectionGcRepository:
             "limit": max(0, int(limit)),
             **_cursor_params(cursor),
         }
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             rows = connection.execute(statement, params).all()
         return [record_from_row(GcCandidate, row._mapping) for row in rows]
 
@@ -485,7 +491,7 @@ class ProjectionGcRepository:
     def find_expired_write_leases(self, lease_token: str, limit: int) -> list[str]:
         statement = _find_expired_write_leases_statement(self._postgres)
         params = {"lease_token": lease_token, "limit": max(0, int(limit))}
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return list(connection.execute(statement, params).scalars())
 
     def delete_expired_write_leases(self, lease_token: str, write_lease_tokens: list[str]) -> int:
@@ -498,7 +504,7 @@ class ProjectionGcRepository:
         )
 
     def _write(self, statement: Executable, params: dict) -> int:
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement, params).rowcount
 
 
