@@ -4,8 +4,6 @@ pass has something to do; each run's counters are in its metadata and on the ass
 is recorded on `media_usage_media_library`."""
 
 import dagster as dg
-from sqlalchemy import insert
-from ulid import ULID
 
 from media_usage_orchestration.assets.media_library import MEDIA_USAGE_MEDIA_LIBRARY
 from media_usage_orchestration.assets.projection_cleanup import MEDIA_USAGE_PROJECTION_CLEANUP
@@ -19,30 +17,10 @@ from tests.support.projection_gc import (
     make_gc_due,
     non_current_occurrences,
     one_task,
+    orphans,
 )
 from tests.support.sensor_loop import evaluate, execute_request, output_metadata, plain, resources
 from tests.support.states import backdate, count, set_status
-
-
-def _orphans(engine, how_many: int) -> None:
-    generation = str(ULID())
-    rows = [
-        {
-            "id": str(ULID()),
-            "source_key": f"gone-{index // 10}",
-            "generation": generation,
-            "field_slug": "hero",
-            "field_path": f"hero.{index % 10}",
-            "reference_type": "image_field",
-            "media_id": "m",
-            "provider": "local",
-            "provider_asset_id": "m",
-        }
-        for index in range(how_many)
-    ]
-    with engine.begin() as connection:
-        connection.execute(insert(schema.occurrences), rows)
-    backdate(engine, schema.occurrences, "created_at", 2 * HOUR)
 
 
 def _materializations(instance, key) -> list[dict]:
@@ -55,7 +33,7 @@ def test_the_sensor_skips_without_candidates_and_while_not_due(activated):
         data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
         assert data.skip_message == "no projection GC candidates"
         assert not data.run_requests
-        _orphans(activated.engine, 3)
+        orphans(activated.engine, 3)
         backdate(activated.engine, schema.cleanup, "next_eligible_at", -60)  # due in a minute
         data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
         assert data.skip_message == "the projection GC is not due (or a pass holds its lease)"
@@ -65,7 +43,7 @@ def test_one_run_reaps_the_backlog_pass_after_pass_and_records_its_totals(activa
     engine = activated.engine
     edit_storm(engine, "posts", entries=2, rounds=1)
     backdate(engine, schema.occurrences, "created_at", 2 * HOUR)
-    _orphans(engine, 110)
+    orphans(engine, 110)
     with dg.DagsterInstance.ephemeral() as instance:
         make_gc_due(engine)
         data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
@@ -104,7 +82,7 @@ def test_one_run_reaps_the_backlog_pass_after_pass_and_records_its_totals(activa
 
 def test_a_run_stops_at_its_time_budget_and_leaves_the_row_due(activated):
     engine = activated.engine
-    _orphans(engine, 120)
+    orphans(engine, 120)
     make_gc_due(engine)
     with dg.DagsterInstance.ephemeral() as instance:
         result = media_usage_projection_gc.execute_in_process(
