@@ -52,8 +52,8 @@ class _LastPass:
             return "no pass yet"
         c = self.result.counters
         return (
-            f"{self.passes} passes; the last {self.result.outcome.value}: {c.candidate_count} "
-            f"candidates, deleted {c.deleted_orphans} orphans, {c.deleted_stale} stale, "
+            f"pass {self.passes} {self.result.outcome.value}: {c.candidate_count} candidates, "
+            f"deleted {c.deleted_orphans} orphans, {c.deleted_stale} stale, "
             f"{c.deleted_abandoned} abandoned, {c.deleted_write_leases} write leases"
         )
 
