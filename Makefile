@@ -49,9 +49,10 @@ BENCH_LIVE ?= live
 BENCH_GC_ROWS ?= 100000
 MEDIA_USAGE_BENCH_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 
-# Every measurement in its own process, then one summary table with the targets: the four
-# reconciliations (SQLite/PostgreSQL x driver/Dagster) BENCH_REPEAT times in alternation, judged
-# on their medians, 10x the entries, the drain with 2 workers
+# Every measurement in its own process, then one summary table with the targets: the six
+# reconciliations (SQLite/PostgreSQL x driver/floor/Dagster) BENCH_REPEAT times in alternation,
+# judged on their medians, each rate with project/floor beside it (the floor mode: plain bulk SQL
+# and the rules' minimal bookkeeping, its end state checked equal to the driver's), 10x the entries, the drain with 2 workers
 # on PostgreSQL against one, the work sensor's tick over BENCH_TICK_ROWS work rows, the projection
 # GC draining a backlog of BENCH_GC_ROWS obsolete occurrence rows on both dialects, and the live
 # latency of edits with a real daemon on both dialects; each Dagster-mode reconciliation beside

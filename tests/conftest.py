@@ -14,6 +14,7 @@ import pytest
 from alembic.script import ScriptDirectory
 
 from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
 from media_usage_orchestration.store.core.engine import create_database_engine
 from tests.support.databases import (
     DIALECTS,
@@ -47,6 +48,14 @@ def _share_alembic_script_directories() -> None:
 
 
 _share_alembic_script_directories()
+
+
+@pytest.fixture(autouse=True)
+def _work_runs_do_not_linger(monkeypatch) -> None:
+    """Work runs the tests' sensors ask for end once drained, as the local lanes' do: a test
+    executes its runs one at a time (many in this process), and a run waiting 30 s for edits
+    that never come would only wait. Tests of the linger set it themselves."""
+    monkeypatch.setenv(WORK_LINGER_ENV, "0")
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,9 @@ and peak RSS; the last line printed is one JSON object for scripts.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 
 import click
 from rich.markup import escape
@@ -37,6 +39,8 @@ def _refuse_bad_combinations(
 ) -> None:
     if workload in ("live", "gc") and workers > 1:
         raise click.UsageError(f"--workload {workload} measures one lane's runs: one worker")
+    if mode == "floor" and (workload != "reconcile" or workers > 1):
+        raise click.UsageError("--mode floor reconciles with one worker (--workload reconcile)")
     if workload == "work" and mode == "dagster" and work_path == "tick":
         raise click.UsageError("Dagster's work job runs the batch path; use --path batch")
     if workers == 1:
@@ -57,9 +61,12 @@ def _refuse_bad_combinations(
 def _measure(
     database_url: str | None, keep: bool, workload: str, job: Workload, path: str
 ) -> BenchResult | dict:
-    with fresh_database(database_url, keep) as url:
+    with (
+        fresh_database(database_url, keep) as url,
+        _reference_database(database_url, keep, job.mode) as reference_url,
+    ):
         console.print(f"bench database: [bold]{escape(redacted_url(url))}[/]")
-        measured = Workload(url, job.entries, job.mode, job.workers, job.profile)
+        measured = Workload(url, job.entries, job.mode, job.workers, job.profile, reference_url)
         if workload == "reconcile":
             return run_reconcile(measured)
         if workload == "work":
@@ -69,6 +76,19 @@ def _measure(
         if workload == "gc":
             return run_gc(url, job.entries, job.profile)
         return run_tick(url, job.entries)
+
+
+@contextlib.contextmanager
+def _reference_database(database_url: str | None, keep: bool, mode: str) -> Iterator[str | None]:
+    """Floor mode compares its end state with the driver's on a second fresh database."""
+    if mode != "floor":
+        yield None
+        return
+    reference = database_url
+    if database_url is not None and not is_postgres_url(database_url):
+        reference = database_url + ".reference.db"
+    with fresh_database(reference, keep) as url:
+        yield url
 
 
 @click.command("bench")
@@ -88,10 +108,11 @@ def _measure(
 )
 @click.option(
     "--mode",
-    type=click.Choice(["driver", "dagster"]),
+    type=click.Choice(["driver", "dagster", "floor"]),
     default="driver",
     show_default=True,
-    help="Reconcile and work only (live always runs Dagster).",
+    help="Reconcile and work only (live always runs Dagster); floor: the reconciliation's end "
+    "state with plain bulk SQL and the rules' minimal bookkeeping, compared with the driver's.",
 )
 @click.option(
     "--workload",

@@ -90,10 +90,14 @@ def _temporary_schema(server: URL, keep: bool) -> Iterator[str]:
                 console.print(f"kept schema {schema}")
 
 
-def create_collection(engine: Engine, slug: str = COLLECTION_SLUG) -> Collection:
+def create_collection(
+    engine: Engine, slug: str = COLLECTION_SLUG, collection_id: str | None = None
+) -> Collection:
     with engine.begin() as connection:
         install_schema(connection)
-    return CmsWriter(engine).create_collection(slug, sample_content.MEDIA_FIELDS)
+    return CmsWriter(engine).create_collection(
+        slug, sample_content.MEDIA_FIELDS, collection_id=collection_id
+    )
 
 
 def insert_entries(

@@ -334,6 +334,8 @@ class Workload:
     mode: str
     workers: int = 1
     profile: str | None = None
+    # Floor mode: a second fresh database, reconciled by the driver to compare end states.
+    reference_url: str | None = None
 
 
 def run_reconcile(workload: Workload) -> BenchResult:
@@ -349,9 +351,38 @@ def run_reconcile(workload: Workload) -> BenchResult:
         measured, floor = _measure_reconcile(workload, engine, collection)
         complete = coverage_is_complete(engine, collection)
         verified = complete and index_is_verified(engine)
+        if workload.mode == "floor":
+            floor = compare_with_driver(engine, collection, workload)
+            verified = verified and floor["equal_to_driver"]
         return _result(workload, engine, measured, verified, "reconcile", extra=floor)
     finally:
         engine.dispose()
+
+
+def compare_with_driver(engine: Engine, collection: Collection, workload: Workload) -> dict:
+    """The floor's end state beside the driver's on a database seeded the same way (same
+    collection identity, same entries), outside the clock."""
+    from media_usage_orchestration.bench.drain_floor import end_state_digest
+
+    if workload.reference_url is None:
+        raise click.ClickException("the floor needs a reference database to compare with")
+    floor = end_state_digest(engine, collection)
+    reference = create_database_engine(workload.reference_url)
+    try:
+        same = create_collection(reference, collection_id=collection.id)
+        insert_entries(reference, workload.entries)
+        activate(reference)
+        DriverMode(reference, same).reconcile()
+        driver = end_state_digest(reference, same)
+    finally:
+        reference.dispose()
+    equal = floor == driver
+    console.print(
+        f"floor end state {floor['sources']} sources, {floor['occurrences']} occurrences; "
+        f"the driver's {driver['sources']}, {driver['occurrences']}: "
+        + ("equal" if equal else "[red]DIFFERENT[/]")
+    )
+    return {"equal_to_driver": equal, "end_state_digest": floor["digest"]}
 
 
 def _measure_reconcile(
@@ -360,6 +391,10 @@ def _measure_reconcile(
     if workload.mode == "dagster":
         sensors = lane_sensors("media_usage_reconciliation_sensor", "media_usage_work_sensor")
         return timed_beside_floor(workload, sensors, RECONCILIATION_JOB, collection.slug)
+    if workload.mode == "floor":
+        from media_usage_orchestration.bench.drain_floor import reconcile_floor
+
+        return _driven(workload, lambda: reconcile_floor(engine, collection)), {}
     return _driven(workload, DriverMode(engine, collection).reconcile), {}
 
 

@@ -3,7 +3,7 @@ peak RSS is that measurement's), then one summary table and the targets, met or 
 
     python -m media_usage_orchestration.bench.suite --entries 5000 --postgres-url URL
 
-Measurements: the four reconciliation combinations (SQLite/PostgreSQL x driver/Dagster) at N
+Measurements: the six reconciliation combinations (SQLite/PostgreSQL x driver/floor/Dagster) at N
 entries, `--repeat` times in alternation (this machine's speed drifts by 10-15 % within
 minutes, so one pair can differ by that much for no reason of its own; the targets are judged
 on each combination's median); 10 N entries with the driver and with Dagster on SQLite (and
@@ -44,6 +44,7 @@ TARGETS = {
     "queue_probe_ms": 20.0,
     "drain_speedup": 1.7,
     "overhead_over_floor": 1.25,
+    "driver_over_drain_floor": 0.8,
     "live_p50_seconds": 3.0,
     "live_p95_seconds": 10.0,
     "live_runs_in_idle": 0,
@@ -119,8 +120,10 @@ def plan(
     large = str(entries * 10)
     base = [
         ("sqlite driver", ["--entries", str(entries), "--mode", "driver"]),
+        ("sqlite floor", ["--entries", str(entries), "--mode", "floor"]),
         ("sqlite dagster", ["--entries", str(entries), "--mode", "dagster"]),
         ("postgresql driver", ["--entries", str(entries), "--mode", "driver", *postgres]),
+        ("postgresql floor", ["--entries", str(entries), "--mode", "floor", *postgres]),
         ("postgresql dagster", ["--entries", str(entries), "--mode", "dagster", *postgres]),
     ]
     measurements = [
@@ -153,14 +156,16 @@ def plan(
 
 def summary_table(measurements: Sequence[Measurement]) -> Table:
     table = Table(title="media-usage bench", show_lines=False)
-    for column in ("measurement", "entries", "s", "entries/s", *PHASES, OTHER, "stmts/entry"):
+    floors = _floor_rates(measurements)
+    columns = ("measurement", "entries", "s", "entries/s", "/floor", *PHASES, OTHER, "stmts/entry")
+    for column in columns:
         table.add_column(column, justify="left" if column == "measurement" else "right")
     table.add_column("peak RSS MB", justify="right")
     table.add_column("verified", justify="center")
     for each in measurements:
         record = each.record
         if each.failed and not record:
-            table.add_row(each.label, *["-"] * 11, each.failed)
+            table.add_row(each.label, *["-"] * 12, each.failed)
             continue
         if record.get("workload") in ("tick", "live", "gc"):
             continue
@@ -170,12 +175,33 @@ def summary_table(measurements: Sequence[Measurement]) -> Table:
             f"{record['entries']:,}",
             f"{record['seconds']:.2f}",
             f"{record['entries_per_second']:,.0f}",
+            _over_floor(record, floors),
             *(f"{phases.get(name, {}).get('seconds', 0.0):.2f}" for name in (*PHASES, OTHER)),
             f"{record['statements_per_entry']:.2f}",
             f"{record['peak_rss_mb']:.0f}",
             "yes" if record.get("verified") and not each.failed else f"NO {each.failed or ''}",
         )
     return table
+
+
+def _floor_rates(measurements: Sequence[Measurement]) -> dict[tuple[str, int], float]:
+    """The floor mode's rate of each (dialect, entries): the median of its rounds."""
+    rates: dict[tuple[str, int], list[float]] = {}
+    for each in measurements:
+        record = each.record
+        if record.get("mode") == "floor" and record.get("entries_per_second"):
+            key = (record["dialect"], record["entries"])
+            rates.setdefault(key, []).append(record["entries_per_second"])
+    return {key: statistics.median(values) for key, values in rates.items()}
+
+
+def _over_floor(record: dict, floors: dict[tuple[str, int], float]) -> str:
+    """project/floor: this rate over the floor mode's median rate at the same size."""
+    floor = floors.get((record.get("dialect"), record.get("entries")))
+    rate = record.get("entries_per_second")
+    if not floor or not rate or record.get("mode") == "floor":
+        return "-"
+    return f"{rate / floor:.2f}"
 
 
 def floor_table(measurements: Sequence[Measurement]) -> Table:
@@ -306,6 +332,7 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
                 limit = TARGETS[target]
                 value = tick[name]
                 add(f"{dialect} {what} ms ({rows})", value, f"<= {limit}", value <= limit)
+        _drain_floor_finding(add, by_name, dialect)
         _floor_findings(add, by_name.get(f"{dialect} dagster", []), dialect)
         _live_findings(add, records.get(f"{dialect} live"), dialect)
         _gc_findings(add, records.get(f"{dialect} gc"), dialect)
@@ -334,6 +361,21 @@ def _floor_findings(add, runs: Sequence[dict], dialect: str) -> None:
     rounds = f" (medians of {len(measured)})" if len(measured) > 1 else ""
     what = f"{dialect} run overhead / Dagster floor{rounds}"
     add(what, ratio, f"<= {limit}", ratio is not None and ratio <= limit)
+
+
+def _drain_floor_finding(add, by_name: dict[str, list[dict]], dialect: str) -> None:
+    """The driver's rate over the floor mode's, medians of the alternated rounds."""
+    drivers = by_name.get(f"{dialect} driver", [])
+    floors = by_name.get(f"{dialect} floor", [])
+    if not drivers or not floors:
+        return
+    driver = statistics.median(record["entries_per_second"] for record in drivers)
+    floor = statistics.median(record["entries_per_second"] for record in floors)
+    ratio = round(driver / floor, 2) if floor else None
+    limit = TARGETS["driver_over_drain_floor"]
+    rounds = f" (medians of {min(len(drivers), len(floors))})" if len(drivers) > 1 else ""
+    met = ratio is not None and ratio >= limit
+    add(f"{dialect} driver/floor entries/s{rounds}", ratio, f">= {limit}", met)
 
 
 def _live_findings(add, live: dict | None, dialect: str) -> None:
@@ -401,7 +443,7 @@ def print_summary(measurements: Sequence[Measurement]) -> None:
     default=3,
     show_default=True,
     type=click.IntRange(1, 9),
-    help="Rounds of the four base-size reconciliations, in alternation; medians are judged.",
+    help="Rounds of the six base-size reconciliations, in alternation; medians are judged.",
 )
 @click.option(
     "--live/--no-live",

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Select, column, select, table
 
+from media_usage_orchestration.store.core.id_lists import in_text_list
 from media_usage_orchestration.store.core.schema import (
     SYSTEM_COLUMNS,
     collections,
@@ -105,7 +106,9 @@ def content_rows(
 ) -> dict[str, dict[str, Any]]:
     """`content_row` for many entries in one read, keyed by id (missing ones absent)."""
     query, content = content_rows_query(collection_slug, collection_id, discovery)
-    found = connection.execute(query.where(content.c.id.in_(list(content_ids))))
+    found = connection.execute(
+        query.where(in_text_list(content.c.id, "content_ids")), {"content_ids": list(content_ids)}
+    )
     return {row.id: dict(row._mapping) for row in found}
 
 
@@ -128,7 +131,8 @@ def load_revisions(
     rows = connection.execute(
         select(
             revisions.c.id, revisions.c.collection, revisions.c.entry_id, revisions.c.data
-        ).where(revisions.c.id.in_(wanted))
+        ).where(in_text_list(revisions.c.id, "revision_ids")),
+        {"revision_ids": wanted},
     )
     return {row.id: dict(row._mapping) for row in rows}
 

@@ -70,6 +70,7 @@ from media_usage_orchestration.store.core.clock import (
     validate_duration,
 )
 from media_usage_orchestration.store.core.engine import read_transaction, single_statement
+from media_usage_orchestration.store.core.id_lists import in_text_list
 from media_usage_orchestration.store.core.leases import (
     LeaseState,
     bounded_limit,
@@ -108,6 +109,8 @@ from media_usage_orchestration.values.source_records import (
 
 MAX_CANDIDATES = 100
 MAX_PAGE_SIZE = 50
+# EmDash's reconciliation lease (spec 6.1).
+DEFAULT_LEASE_SECONDS = 60
 ENTRY_FAILED_CODE = "MEDIA_USAGE_RECONCILIATION_ENTRY_FAILED"
 PROCESSING_FAILED_CODE = "MEDIA_USAGE_PROCESSING_FAILED"
 NON_TERMINAL_ATTEMPT_CEILING = 4
@@ -522,18 +525,32 @@ def _owns_run_statement():
     return select(_status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH))
 
 
+def _renewed_expiry(lease_seconds: int) -> ColumnElement:
+    """The lease expiry after a guarded write that renews: `lease_seconds` from now once more
+    than half of it has elapsed (database time), otherwise as it is. A lease of a minute
+    renewed on every page of a few milliseconds would cost a write of its own each time."""
+    half = (lease_seconds + 1) // 2
+    return case(
+        (
+            reconciliations.c.lease_expires_at < timestamp_offset(half),
+            timestamp_offset(lease_seconds),
+        ),
+        else_=reconciliations.c.lease_expires_at,
+    )
+
+
 @functools.lru_cache(maxsize=16)
 def _renew_statement(lease_seconds: int):
     return (
         update(reconciliations)
         .where(_claim_holds_lease(_BOUND_CLAIM))
-        .values(lease_expires_at=timestamp_offset(lease_seconds), updated_at=now())
+        .values(lease_expires_at=_renewed_expiry(lease_seconds), updated_at=now())
         .returning(reconciliations.c.lease_expires_at)
     )
 
 
-@functools.lru_cache(maxsize=8)
-def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool):
+@functools.lru_cache(maxsize=16)
+def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool, lease_seconds: int):
     cursor = (
         reconciliations.c.scan_cursor
         if phase is ReconciliationPhase.SCAN
@@ -557,9 +574,12 @@ def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool):
                 cursor.key: bindparam("next_cursor", type_=Text),
                 "attempt_count": 0,
                 "last_error_code": None,
+                # The page's checkpoint renews the lease too: one write per page for the row.
+                "lease_expires_at": _renewed_expiry(lease_seconds),
                 "updated_at": now(),
             }
         )
+        .returning(reconciliations.c.lease_expires_at)
     )
 
 
@@ -837,9 +857,15 @@ class ReconciliationRepository:
         target_epoch: int | str,
         previous_cursor: str | None,
         next_cursor: str,
-    ) -> bool:
+        lease_seconds: int = DEFAULT_LEASE_SECONDS,
+    ) -> str | None:
         return self._checkpoint(
-            claim, target_epoch, previous_cursor, next_cursor, ReconciliationPhase.SCAN
+            claim,
+            target_epoch,
+            previous_cursor,
+            next_cursor,
+            ReconciliationPhase.SCAN,
+            lease_seconds,
         )
 
     def _checkpoint(
@@ -849,19 +875,24 @@ class ReconciliationRepository:
         previous_cursor: str | None,
         next_cursor: str,
         phase: ReconciliationPhase,
-    ) -> bool:
+        lease_seconds: int,
+    ) -> str | None:
+        """Move the page cursor (compare-and-set) and renew the lease past its half, in one
+        guarded statement; the lease's expiry afterwards, or None when the write was refused
+        (lease, run token, epoch, phase or cursor moved)."""
         _require_claim(claim)
         epoch = _epoch(target_epoch)
         previous_cursor = _cursor(previous_cursor, "previous cursor")
         require_text(next_cursor, "Reconciliation checkpoint requires a next cursor")
-        statement = _checkpoint_statement(phase, previous_cursor is not None)
+        validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
+        statement = _checkpoint_statement(phase, previous_cursor is not None, lease_seconds)
         parameters = _claim_parameters(
             claim,
             **{_BOUND_EPOCH.key: epoch, "previous_cursor": previous_cursor},
             next_cursor=next_cursor,
         )
         with single_statement(self.engine) as connection:
-            return connection.execute(statement, parameters).rowcount == 1
+            return connection.execute(statement, parameters).scalar()
 
     def restart_run(self, claim: ReconciliationRecord, previous_epoch: int | str) -> int | None:
         """Like `begin_run`, but an "interrupted restart" (this run already moved the epoch past
@@ -981,7 +1012,10 @@ class ReconciliationRepository:
             return []
         with read_transaction(self.engine) as connection:
             present = set(
-                connection.execute(select(content.c.id).where(content.c.id.in_(unique))).scalars()
+                connection.execute(
+                    select(content.c.id).where(in_text_list(content.c.id, "content_ids")),
+                    {"content_ids": unique},
+                ).scalars()
             )
         return [content_id for content_id in unique if content_id not in present]
 
@@ -991,9 +1025,15 @@ class ReconciliationRepository:
         target_epoch: int | str,
         previous_cursor: str | None,
         next_cursor: str,
-    ) -> bool:
+        lease_seconds: int = DEFAULT_LEASE_SECONDS,
+    ) -> str | None:
         return self._checkpoint(
-            claim, target_epoch, previous_cursor, next_cursor, ReconciliationPhase.SOURCES
+            claim,
+            target_epoch,
+            previous_cursor,
+            next_cursor,
+            ReconciliationPhase.SOURCES,
+            lease_seconds,
         )
 
     # -- coverage outcomes -----------------------------------------------------------------------
@@ -1228,8 +1268,8 @@ class ReconciliationRepository:
         return ReconciliationClaim.from_row(row._mapping) if row is not None else None
 
     def renew_lease(self, claim: ReconciliationRecord, lease_seconds: int) -> str | None:
-        """Beyond the seed: extend a still-live lease held by this token and return the new
-        expiry, or None once it expired or moved on. EmDash releases after every page; a
+        """Beyond the seed: extend a still-live lease held by this token once more than half
+        of it has elapsed, and return its expiry, or None once it expired or moved on. EmDash releases after every page; a
         Dagster step keeps its claim across pages and renews it between them."""
         _require_claim(claim)
         validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)

@@ -59,6 +59,7 @@ from media_usage_orchestration.store.core.engine import (
     read_transaction,
     single_statement,
 )
+from media_usage_orchestration.store.core.id_lists import in_text_list
 from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.leases import (
     LeaseState,
@@ -712,7 +713,8 @@ _HELD_LEASES = JsonRows.of(
 
 @functools.lru_cache(maxsize=4)
 def _complete_leases_statement(dialect_name: str):
-    """The two IN lists let the rows be found through an index; each is deleted only if one
+    """The two lists (one parameter each, so one statement text) let the rows be found
+    through an index; each is deleted only if one
     of the leases names it exactly - version and token - and it is still leased and live."""
     held = _HELD_LEASES.relation(dialect_name)
     holds_one_of_them = tuple_(
@@ -721,8 +723,8 @@ def _complete_leases_statement(dialect_name: str):
     return (
         delete(work)
         .where(
-            work.c.collection_id.in_(bindparam("held_collection_ids", expanding=True)),
-            work.c.content_id.in_(bindparam("held_content_ids", expanding=True)),
+            in_text_list(work.c.collection_id, "held_collection_ids"),
+            in_text_list(work.c.content_id, "held_content_ids"),
             holds_one_of_them,
             work.c.state == _LEASED,
             _lease_is_live(),

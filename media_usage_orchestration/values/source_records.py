@@ -53,8 +53,10 @@ class SourceProjection(Protocol):
     and occurrences. The store only needs these members, not the domain type."""
 
     source_key: str
+    source_type: str
     collection_id: str | None
     collection_slug: str
+    identity_version: int | None
     source_fingerprint: str | None
     occurrences: Sequence[OccurrenceValues]
 

@@ -1009,3 +1009,57 @@ def test_enqueue_is_refused_once_the_scan_lost_its_lease(db):
     enqueue(db, claim, epoch, page)
     assert count(db.engine, schema.work, collection_id=collection.id) == 0
     assert reconciliation_row(db.engine, collection.id)["scan_cursor"] is None
+
+
+def test_a_page_checkpoint_renews_the_lease_in_its_own_statement_only_past_half(db):
+    collection, claim = claimed_scan(db)
+    repository = ReconciliationRepository(db.engine)
+    epoch, claim = start_scan(db.engine, claim, "entry-050")
+
+    def row():
+        return reconciliation_row(db.engine, collection.id)
+
+    def expire_in(seconds: int) -> dict:
+        backdate(db.engine, schema.reconciliations, "lease_expires_at", -seconds, **owned)
+        return row()
+
+    owned = {"collection_id": collection.id}
+    fresh = row()["lease_expires_at"]
+    # Most of the minute is left: the checkpoint moves the cursor, the expiry stays.
+    assert repository.checkpoint_scan(claim, epoch, None, "entry-009") == fresh
+    assert (row()["scan_cursor"], row()["lease_expires_at"]) == ("entry-009", fresh)
+
+    # Less than half is left (moved by backdating, not sleeping): the same write renews it.
+    short = expire_in(20)["lease_expires_at"]
+    renewed = repository.checkpoint_scan(claim, epoch, "entry-009", "entry-019")
+    assert renewed is not None and renewed > short
+    assert (row()["scan_cursor"], row()["lease_expires_at"]) == ("entry-019", renewed)
+
+    # A stale lease token, run token or epoch changes nothing, not even a lease past half.
+    unchanged = expire_in(20)
+    for stale, stale_epoch in (
+        (replace(claim, lease_token="stale-owner"), epoch),
+        (replace(claim, run_token="another-run"), epoch),
+        (claim, epoch + 1),
+    ):
+        assert repository.checkpoint_scan(stale, stale_epoch, "entry-019", "entry-029") is None
+        assert row() == unchanged
+    # Nor does the owner's once its lease expired.
+    backdate(db.engine, schema.reconciliations, "lease_expires_at", 1, **owned)
+    expired = row()
+    assert repository.checkpoint_scan(claim, epoch, "entry-019", "entry-029") is None
+    assert row() == expired
+
+
+def test_renew_lease_extends_only_past_half_the_lease(db):
+    collection, claim = seed_and_claim(db.engine)
+    repository = ReconciliationRepository(db.engine)
+    fresh = reconciliation_row(db.engine, collection.id)["lease_expires_at"]
+    assert repository.renew_lease(claim, 60) == fresh
+
+    owned = {"collection_id": collection.id}
+    backdate(db.engine, schema.reconciliations, "lease_expires_at", -20, **owned)
+    short = reconciliation_row(db.engine, collection.id)["lease_expires_at"]
+    renewed = repository.renew_lease(claim, 60)
+    assert renewed is not None and renewed > short
+    assert reconciliation_row(db.engine, collection.id)["lease_expires_at"] == renewed

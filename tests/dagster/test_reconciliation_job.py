@@ -249,11 +249,11 @@ def test_re_execution_from_failure_resumes_the_run_at_its_checkpoint(db, monkeyp
     monkeypatch.setenv(DATABASE_URL_ENV, db.url)
     walked = []
 
-    def source_page_failing_once(engine, claim):
+    def source_page_failing_once(engine, claim, *lease_seconds):
         walked.append(claim.lease_token)
         if len(walked) == 2:
             raise RuntimeError("injected")
-        return source_page(engine, claim)
+        return source_page(engine, claim, *lease_seconds)
 
     source_page = steps.source_page
     monkeypatch.setattr(steps, "source_page", source_page_failing_once)

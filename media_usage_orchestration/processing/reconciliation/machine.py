@@ -16,6 +16,7 @@ from media_usage_orchestration.media.sources import CONTENT_SOURCE_SCHEMA_VERSIO
 from media_usage_orchestration.processing.content_reads import read_fields
 from media_usage_orchestration.processing.reconciliation.model import (
     INVALID_SOURCE,
+    LEASE_DURATION_SECONDS,
     PAGE_SIZE,
     WAIT_DELAY_SECONDS,
     ReconciliationOutcome,
@@ -156,8 +157,10 @@ def scan_claimed(
     repository: ReconciliationRepository,
     claim: ReconciliationRecord,
     current: ReconciliationRecord,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
 ) -> ScanOutcome:
-    """EmDash's `processClaimedMediaUsageReconciliationScan` without any release."""
+    """EmDash's `processClaimedMediaUsageReconciliationScan` without any release; the page's
+    checkpoint renews the lease past its half."""
     if current.phase is not ReconciliationPhase.SCAN:
         return ScanOutcome.DEFERRED
     fields_ = None
@@ -166,7 +169,7 @@ def scan_claimed(
         current = current_record(repository, claim) if fields_ else None
         if current is None:
             return ScanOutcome.DEFERRED
-    return _scan_next_page(engine, repository, claim, current, fields_)
+    return _scan_next_page(engine, repository, claim, current, fields_, lease_seconds)
 
 
 def _scan_next_page(
@@ -175,6 +178,7 @@ def _scan_next_page(
     claim: ReconciliationRecord,
     current: ReconciliationRecord,
     fields_: RunFields | None,
+    lease_seconds: int,
 ) -> ScanOutcome:
     fields_ = fields_ or load_run_fields(engine, claim)
     if current.field_fingerprint != fields_.fingerprint or current.target_epoch is None:
@@ -184,7 +188,7 @@ def _scan_next_page(
         return ScanOutcome.EXHAUSTED
     _enqueue(engine, claim, current.target_epoch, "scan", content_ids)
     if not repository.checkpoint_scan(
-        claim, current.target_epoch, current.scan_cursor, content_ids[-1]
+        claim, current.target_epoch, current.scan_cursor, content_ids[-1], lease_seconds
     ):
         return ScanOutcome.DEFERRED
     return ScanOutcome.ADVANCED
@@ -217,6 +221,7 @@ def source_page_claimed(
     claim: ReconciliationRecord,
     current: ReconciliationRecord,
     fields_: RunFields,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
 ) -> ScanOutcome | ReconciliationOutcome:
     page = repository.find_source_page(current, PAGE_SIZE)
     if not page:
@@ -231,7 +236,7 @@ def source_page_claimed(
     if content_ids:
         _enqueue(engine, claim, current.target_epoch, "sources", content_ids)
     if not repository.checkpoint_sources(
-        claim, current.target_epoch, current.source_cursor, page[-1].source_key
+        claim, current.target_epoch, current.source_cursor, page[-1].source_key, lease_seconds
     ):
         return ReconciliationOutcome.CLAIM_LOST
     return ScanOutcome.ADVANCED

@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from media_usage_orchestration.store.reconciliations import ENTRY_FAILED_CODE, ReconciliationClaim
+from media_usage_orchestration.store.reconciliations import (
+    DEFAULT_LEASE_SECONDS,
+    ENTRY_FAILED_CODE,
+    ReconciliationClaim,
+)
 from media_usage_orchestration.store.work import MAX_WORK_SELECTION_LIMIT
 
 CANDIDATES_PER_TICK = 4
 PAGE_SIZE = 50
-LEASE_DURATION_SECONDS = 60
+LEASE_DURATION_SECONDS = DEFAULT_LEASE_SECONDS
 MAX_QUERIES_PER_TICK = 20
 WAIT_DELAY_SECONDS = 30
 CONTINUE_DELAY_SECONDS = 0

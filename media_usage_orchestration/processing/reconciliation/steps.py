@@ -182,10 +182,13 @@ def prepare_run(engine: Engine, claim: ReconciliationClaim) -> StepResult:
     return StepResult(ReconciliationOutcome.ADVANCED, machine.as_claim(current))
 
 
-def scan_page(engine: Engine, claim: ReconciliationClaim) -> ScanOutcome:
+def scan_page(
+    engine: Engine, claim: ReconciliationClaim, lease_seconds: int = LEASE_DURATION_SECONDS
+) -> ScanOutcome:
     """Enqueue and checkpoint one scan page (beginning the run first if `prepare_run` has
-    not). `exhausted` once the scan is done or the run is already past it; `deferred` when
-    the lease or the checkpoint was lost, or the run must wait."""
+    not); the checkpoint renews the lease once past its half. `exhausted` once the scan is
+    done or the run is already past it; `deferred` when the lease or the checkpoint was lost,
+    or the run must wait."""
     repository = ReconciliationRepository(engine)
     current = machine.current_record(repository, claim)
     if current is None:
@@ -194,7 +197,7 @@ def scan_page(engine: Engine, claim: ReconciliationClaim) -> ScanOutcome:
         return ScanOutcome.EXHAUSTED
     if current.target_epoch is not None and not repository.owns_run(claim, current.target_epoch):
         return ScanOutcome.RESTART_REQUIRED
-    scanned = machine.scan_claimed(engine, repository, claim, current)
+    scanned = machine.scan_claimed(engine, repository, claim, current, lease_seconds)
     if scanned is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
         return ScanOutcome.DEFERRED
     return scanned
@@ -241,10 +244,12 @@ def _enter_sources(engine: Engine, claim: ReconciliationClaim) -> StepResult:
     )
 
 
-def source_page(engine: Engine, claim: ReconciliationClaim) -> ScanOutcome | ReconciliationOutcome:
+def source_page(
+    engine: Engine, claim: ReconciliationClaim, lease_seconds: int = LEASE_DURATION_SECONDS
+) -> ScanOutcome | ReconciliationOutcome:
     """Walk one page of canonical sources, enqueueing work for entries whose content is gone
-    (every entry when the collection has no media fields). `deferred` when the run is not in
-    its source walk."""
+    (every entry when the collection has no media fields); the checkpoint renews the lease
+    once past its half. `deferred` when the run is not in its source walk."""
     repository = ReconciliationRepository(engine)
     current = machine.current_record(repository, claim)
     if current is None:
@@ -256,7 +261,7 @@ def source_page(engine: Engine, claim: ReconciliationClaim) -> ScanOutcome | Rec
     fields_ = machine.load_run_fields(engine, claim)
     if machine.run_moved(repository, claim, current, fields_):
         return ScanOutcome.RESTART_REQUIRED
-    paged = machine.source_page_claimed(engine, repository, claim, current, fields_)
+    paged = machine.source_page_claimed(engine, repository, claim, current, fields_, lease_seconds)
     if paged is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
         return ReconciliationOutcome.CLAIM_LOST
     return paged

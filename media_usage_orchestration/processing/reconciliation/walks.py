@@ -70,20 +70,29 @@ def source_pages(
 def _page_walk(
     engine: Engine,
     claim: ReconciliationClaim,
-    step: Callable[[Engine, ReconciliationClaim], PageOutcome],
+    step: Callable[[Engine, ReconciliationClaim, int], PageOutcome],
     budget: Budget,
     lease_seconds: int,
     progress: Callable[[PageOutcome], None] | None,
     *,
     rescan: bool,
 ) -> Paging[ReconciliationClaim, PageOutcome]:
+    checkpointed = False
+
     def page(claim: ReconciliationClaim) -> Page[ReconciliationClaim, PageOutcome]:
-        paged = step(engine, claim)
+        nonlocal checkpointed
+        paged = step(engine, claim, lease_seconds)
+        checkpointed = paged is ScanOutcome.ADVANCED
         if paged is ScanOutcome.RESTART_REQUIRED:
             return _restarted(engine, claim, rescan=rescan)
         return Page(paged, claim, more=paged is ScanOutcome.ADVANCED)
 
-    return _walk(engine, claim, page, budget, lease_seconds, progress)
+    def renew(held: ReconciliationClaim) -> ReconciliationClaim | None:
+        # An advanced page's checkpoint renewed the lease (past its half) in its own guarded
+        # statement: no write of its own is needed before the next page.
+        return held if checkpointed else steps.renew(engine, held, lease_seconds)
+
+    return _walk(engine, claim, page, budget, lease_seconds, progress, renew)
 
 
 def drain_collection_work(
@@ -147,12 +156,13 @@ def _walk(
     budget: Budget,
     lease_seconds: int,
     progress: Callable | None,
+    renew: Callable[[ReconciliationClaim], ReconciliationClaim | None] | None = None,
 ) -> Paging:
     return page_until_done(
         claim,
         page,
         budget=budget,
-        renew=lambda held: steps.renew(engine, held, lease_seconds),
+        renew=renew or (lambda held: steps.renew(engine, held, lease_seconds)),
         release_now=lambda held: steps.release(engine, held, CONTINUE_DELAY_SECONDS),
         progress=progress,
     )

@@ -38,6 +38,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from media_usage_orchestration.store.core.clock import lease_live_at_clock, timestamp_offset
 from media_usage_orchestration.store.core.engine import independent_statements, single_statement
+from media_usage_orchestration.store.core.id_lists import in_text_list
 from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.predicates import registry_identity_is_current
 from media_usage_orchestration.store.core.schema import (
@@ -266,9 +267,10 @@ def _require_batch_members(
     if identities - {(collection_id, collection_slug)}:
         raise ValueError("A media usage batch holds sources of another collection identity")
     for item in publications:
-        values = item.source.row_values()
-        if values["identity_version"] != CANONICAL_IDENTITY_VERSION or (
-            values["source_type"] != SOURCE_TYPE_CONTENT
+        # The attributes themselves: the row is built once, when it is bound.
+        source = item.source
+        if source.identity_version != CANONICAL_IDENTITY_VERSION or (
+            source.source_type != SOURCE_TYPE_CONTENT
         ):
             raise ValueError("A media usage batch publishes only canonical content sources")
 
@@ -393,7 +395,7 @@ def _removal_statement(dialect_name: str, collection_slug: str):
     return (
         delete(sources)
         .where(
-            sources.c.source_key.in_(bindparam("source_keys", expanding=True)),
+            in_text_list(sources.c.source_key, "source_keys"),
             matching,
             _batch_identity_is_current(),
         )
@@ -464,15 +466,19 @@ def _take_write_leases(
     ]
 
 
+_RELEASE_WRITE_LEASES = delete(generation_writes).where(
+    in_text_list(generation_writes.c.lease_token, "lease_tokens")
+)
+
+
 def _release_write_leases(engine: Engine, leased: Sequence[_Prepared]) -> None:
     """`_release_write_lease` for every lease of the batch in one statement."""
     if not leased:
         return
     tokens = [item.lease_token for item in leased]
-    statement = delete(generation_writes).where(generation_writes.c.lease_token.in_(tokens))
     try:
         with single_statement(engine) as connection:
-            connection.execute(statement)
+            connection.execute(_RELEASE_WRITE_LEASES, {"lease_tokens": tokens})
     except SQLAlchemyError:
         # An unreleased lease only delays GC of these generations until it expires.
         logger.exception("Failed to release media usage generation write leases")

@@ -14,6 +14,7 @@ from sqlalchemy import Connection, Dialect, LargeBinary, cast, column, func, sel
 from sqlalchemy.sql import ClauseElement
 
 from media_usage_orchestration.store.core.engine import is_postgres
+from media_usage_orchestration.store.core.id_lists import in_text_list
 from media_usage_orchestration.store.core.schema import (
     CLEANUP_TASK_KEY,
     cleanup,
@@ -63,12 +64,15 @@ def lock_cleanup(connection: Connection) -> None:
         )
 
 
+_SOURCES_BY_KEY = select(sources).where(in_text_list(sources.c.source_key, "source_keys"))
+
+
 def sources_by_key(connection: Connection, source_keys: Sequence[str]) -> dict[str, SourceRow]:
     """The stored rows of `source_keys` inside the caller's transaction, keyed by source key."""
     unique = list(dict.fromkeys(source_keys))
     if not unique:
         return {}
-    rows = connection.execute(select(sources).where(sources.c.source_key.in_(unique)))
+    rows = connection.execute(_SOURCES_BY_KEY, {"source_keys": unique})
     return {row.source_key: SourceRow.from_row(row._mapping) for row in rows}
 
 

@@ -22,6 +22,7 @@ from media_usage_orchestration.local import in_process_lane
 from media_usage_orchestration.media.sources import source_key
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, OUTCOME_TAG
 from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
 from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core import schema
@@ -238,7 +239,7 @@ def test_activation_then_sensor_driven_work_runs_project_every_write(db):
                 assert count(db.engine, schema.occurrences, source_key=key) == 0
 
 
-def test_the_run_key_follows_the_due_set_and_the_sensor_skips_when_nothing_is_due(db):
+def test_the_run_key_follows_the_due_set_and_the_sensor_skips_when_nothing_is_due(db, monkeypatch):
     posts = active_collection(db.engine, "posts")
     resources = resources_for(db.url, max_work_runs=1, work_items_per_run=1)
     with dg.DagsterInstance.ephemeral() as instance:
@@ -258,6 +259,8 @@ def test_the_run_key_follows_the_due_set_and_the_sensor_skips_when_nothing_is_du
         assert request.tags["media_usage/workflow"] == "work"
         config = request.run_config["ops"]["drain_due_work"]["config"]
         assert (config["max_items"], config["linger_seconds"], config["max_work_runs"]) == (1, 0, 1)
+        # Unset, the environment leaves the automation resource's linger in place.
+        monkeypatch.delenv(WORK_LINGER_ENV)
         lingering = resources_for(db.url, work_linger_seconds=45)
         [asked] = evaluate(media_usage_work_sensor, instance, lingering).run_requests
         assert asked.run_config["ops"]["drain_due_work"]["config"]["linger_seconds"] == 45
