@@ -10,13 +10,15 @@ from __future__ import annotations
 from media_usage_orchestration.bench.database import (
     console,
     coverage_is_complete,
-    create_collection,
     index_is_verified,
-    insert_entries,
 )
-from media_usage_orchestration.bench.measure import DriverMode, dagster_lane, lane_sensors, timed
+from media_usage_orchestration.bench.measure import (
+    dagster_lane,
+    lane_sensors,
+    reconciled_collection,
+    timed,
+)
 from media_usage_orchestration.emdash_double.aging import build_aged_backlog, obsolete_rows
-from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core.engine import create_database_engine
 
 # Backlog rows per reconciled entry: about ten past generations of its five or so occurrences.
@@ -47,12 +49,7 @@ def run_gc(url: str, rows: int, profile: str | None = None) -> dict:
     engine = create_database_engine(url)
     try:
         entries = max(1, rows // ROWS_PER_ENTRY)
-        collection = create_collection(engine)
-        insert_entries(engine, entries)
-        activate(engine)
-        DriverMode(engine, collection).reconcile()
-        if not coverage_is_complete(engine, collection):
-            raise RuntimeError("coverage is not complete after the reconciliation")
+        collection = reconciled_collection(engine, entries)
         backlog = build_aged_backlog(engine, rows)
         console.print(
             f"{entries:,} entries reconciled ({backlog.current:,} current rows); backlog of "

@@ -33,18 +33,8 @@ HOUR = 3600
 INDEXED_AGO = 3 * HOUR
 STALE_AGO = 4 * HOUR  # before the source was indexed
 ABANDONED_AGO = 2 * HOUR  # after it, still an hour past the safety window
-COPIED_COLUMNS = (
-    "source_key",
-    "field_slug",
-    "field_path",
-    "occurrence_index",
-    "reference_type",
-    "media_id",
-    "provider",
-    "provider_asset_id",
-    "media_kind",
-    "mime_type",
-)
+# What a past generation's row copies from the current one: all but its identity and time.
+NOT_COPIED = {"id", "generation", "created_at", "cleanup_lease_token"}
 
 
 def _of_current_generation():
@@ -93,7 +83,7 @@ def _db_time(engine: Engine, seconds: int) -> str:
 def _current_rows(engine: Engine) -> dict[str, list[dict]]:
     o, s = schema.occurrences, schema.sources
     statement = (
-        select(*(o.c[name] for name in COPIED_COLUMNS))
+        select(*(column for column in o.c if column.name not in NOT_COPIED))
         .join(s, (s.c.source_key == o.c.source_key) & (s.c.current_generation == o.c.generation))
         .order_by(o.c.source_key, o.c.field_path, o.c.occurrence_index)
     )

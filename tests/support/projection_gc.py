@@ -3,9 +3,12 @@ time travel past the safety window (backdating, never sleeping) and GC passes un
 
 from __future__ import annotations
 
+import random
+
 from sqlalchemy import Engine, func, insert, select, update
 from ulid import ULID
 
+from media_usage_orchestration.emdash_double.aging import obsolete_rows
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.projection_gc import (
     GcLimits,
@@ -50,6 +53,21 @@ def edit_storm(engine: Engine, slug: str, entries: int, rounds: int) -> list[str
     return ids
 
 
+def random_edits(
+    engine: Engine, ids: list[str], seed: int, edits: int, problems: list[str]
+) -> None:
+    """`edits` edits of random entries of `posts` (each a new hero), each projected at once (its
+    publication under a write lease); an error is added to `problems` (for a thread)."""
+    rng, writer = random.Random(seed), CmsWriter(engine)
+    try:
+        for edit in range(edits):
+            content_id = rng.choice(ids)
+            writer.update_entry("posts", content_id, {"hero": image(f"{seed}-{edit}")})
+            process_due_batch(engine, 4)
+    except Exception as error:  # reported by the caller; the test fails on it
+        problems.append(f"editor {seed}: {type(error).__name__}: {error}")
+
+
 def age_occurrences(engine: Engine, seconds: int = 2 * HOUR) -> None:
     """Every occurrence row created `seconds` ago: past the safety window."""
     backdate(engine, schema.occurrences, "created_at", seconds)
@@ -65,14 +83,7 @@ def make_gc_due(engine: Engine) -> None:
 
 
 def non_current_occurrences(engine: Engine) -> int:
-    o, s = schema.occurrences, schema.sources
-    current = (
-        select(s.c.source_key)
-        .where(s.c.source_key == o.c.source_key, s.c.current_generation == o.c.generation)
-        .exists()
-    )
-    with engine.connect() as connection:
-        return connection.execute(select(func.count()).select_from(o).where(~current)).scalar_one()
+    return obsolete_rows(engine)
 
 
 def gc_until_quiet(

@@ -6,12 +6,10 @@ ever loses a row; in the end the index verifies clean."""
 
 from __future__ import annotations
 
-import random
 import threading
 
 import pytest
 
-from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.projection_gc import (
     GcLimits,
     GcOutcome,
@@ -20,15 +18,14 @@ from media_usage_orchestration.processing.projection_gc import (
     run_projection_gc_passes,
 )
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.store.core import schema
-from tests.support.projection import image
 from tests.support.projection_gc import (
     drain,
     edit_storm,
     gc_until_quiet,
     hold_write_leases,
     non_current_occurrences,
+    random_edits,
     sources_missing_their_generation,
 )
 from tests.support.states import count
@@ -60,16 +57,6 @@ def test_looping_runs_and_single_passes_keep_current_and_leased_generations(acti
         if missing:
             problems.append(f"{who}: {missing} sources lost their current generation")
 
-    def editor(seed: int) -> None:
-        rng, writer = random.Random(seed), CmsWriter(engine)
-        try:
-            for edit in range(EDITS_PER_EDITOR):
-                content_id = rng.choice(ids)
-                writer.update_entry("posts", content_id, {"hero": image(f"{seed}-{edit}")})
-                process_due_batch(engine, 4)
-        except Exception as error:  # reported below; the test fails on it
-            problems.append(f"editor {seed}: {type(error).__name__}: {error}")
-
     def looping_runs() -> None:
         try:
             while not stop.is_set():
@@ -87,7 +74,10 @@ def test_looping_runs_and_single_passes_keep_current_and_leased_generations(acti
             problems.append(f"emdash: {type(error).__name__}: {error}")
 
     collectors = [threading.Thread(target=looping_runs), threading.Thread(target=emdash_ticks)]
-    editors = [threading.Thread(target=editor, args=(seed,)) for seed in range(EDITORS)]
+    editors = [
+        threading.Thread(target=random_edits, args=(engine, ids, seed, EDITS_PER_EDITOR, problems))
+        for seed in range(EDITORS)
+    ]
     for thread in [*collectors, *editors]:
         thread.start()
     for thread in editors:

@@ -5,28 +5,25 @@ publication below the fence's floor is a no-op; in the end the index equals the 
 
 from __future__ import annotations
 
-import random
 import threading
 
 import pytest
 from sqlalchemy import update
 
-from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.projection_gc import (
     GcLimits,
     GcOutcome,
     run_projection_gc,
 )
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.store.core import schema
-from tests.support.projection import image
 from tests.support.projection_gc import (
     drain,
     edit_storm,
     gc_until_quiet,
     hold_write_leases,
     non_current_occurrences,
+    random_edits,
     sources_missing_their_generation,
 )
 from tests.support.states import count, one
@@ -51,16 +48,6 @@ def test_gc_passes_racing_projections_keep_current_and_leased_generations(activa
     passes: list[GcOutcome] = []
     deleted: list[int] = []
 
-    def editor(seed: int) -> None:
-        rng, writer = random.Random(seed), CmsWriter(engine)
-        try:
-            for edit in range(EDITS_PER_EDITOR):
-                content_id = rng.choice(ids)
-                writer.update_entry("posts", content_id, {"hero": image(f"{seed}-{edit}")})
-                process_due_batch(engine, 4)
-        except Exception as error:  # reported below; the test fails on it
-            problems.append(f"editor {seed}: {type(error).__name__}: {error}")
-
     def collector() -> None:
         try:
             while not stop.is_set():
@@ -73,7 +60,10 @@ def test_gc_passes_racing_projections_keep_current_and_leased_generations(activa
         except Exception as error:
             problems.append(f"gc: {type(error).__name__}: {error}")
 
-    editors = [threading.Thread(target=editor, args=(seed,)) for seed in range(EDITORS)]
+    editors = [
+        threading.Thread(target=random_edits, args=(engine, ids, seed, EDITS_PER_EDITOR, problems))
+        for seed in range(EDITORS)
+    ]
     gc = threading.Thread(target=collector)
     gc.start()
     for thread in editors:
