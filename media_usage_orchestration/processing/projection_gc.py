@@ -71,15 +71,17 @@ class GcResult:
 
     @property
     def deleted_rows(self) -> int:
-        c = self.counters
-        return c.deleted_orphans + c.deleted_stale + c.deleted_abandoned
+        return deleted_occurrences(self.counters)
+
+
+def deleted_occurrences(counters: GcCounters) -> int:
+    return counters.deleted_orphans + counters.deleted_stale + counters.deleted_abandoned
 
 
 def is_full(counters: GcCounters, limits: GcLimits) -> bool:
     """More garbage is probably right behind this pass: it deleted as much as a pass may, or
     its window of candidates was full."""
-    deleted = counters.deleted_orphans + counters.deleted_stale + counters.deleted_abandoned
-    return deleted >= limits.delete_limit or counters.scan_has_more
+    return deleted_occurrences(counters) >= limits.delete_limit or counters.scan_has_more
 
 
 @dataclass
@@ -308,8 +310,9 @@ class GcRun:
     @property
     def counters(self) -> GcCounters:
         """The passes' counts summed; the backlog bound and `scan_has_more` of the last pass
-        (what is left); the run's duration."""
-        last = self.passes[-1].counters if self.passes else GcCounters()
+        that completed (what is left); the run's duration."""
+        completed = [each for each in self.passes if each.outcome is GcOutcome.COMPLETED]
+        last = completed[-1].counters if completed else GcCounters()
         return GcCounters(
             candidate_count=sum(each.counters.candidate_count for each in self.passes),
             deleted_orphans=sum(each.counters.deleted_orphans for each in self.passes),

@@ -59,3 +59,10 @@ def test_a_run_is_failed_if_a_pass_failed_and_skipped_if_none_completed():
         0,
         GcCounters(duration_ms=1),
     )
+
+
+def test_a_run_that_lost_the_row_to_another_pass_keeps_its_last_completed_passes_backlog():
+    run = GcRun((_pass(5, more=True, bound=5), GcResult(GcOutcome.SKIPPED)), GcRunEnd.SKIPPED, 3)
+
+    assert (run.outcome, run.completed_passes, run.deleted_rows) == ("completed", 1, 5)
+    assert (run.counters.backlog_lower_bound, run.counters.scan_has_more) == (5, True)
