@@ -255,7 +255,8 @@ def print_gc(record: dict) -> None:
         f"{record['seconds']:.1f} s ({record['rows_per_second']:,} rows/s), "
         f"{record['runs']} run(s), {record['passes']:,} passes ({record['pass_ms']} ms, "
         f"{record['statements_per_pass']} statements a pass); left {record['backlog_left']:,}; "
-        f"verify {'clean' if record['verified'] else 'NOT clean'}"
+        f"verify {'clean' if record['verified'] else 'NOT clean'} (load average "
+        f"{record['load_average']})"
     )
 
 

@@ -7,6 +7,8 @@ as the other Dagster measurements run), until the sensor asks for no more.
 
 from __future__ import annotations
 
+import os
+
 from media_usage_orchestration.bench.database import (
     console,
     coverage_is_complete,
@@ -81,6 +83,8 @@ def run_gc(url: str, rows: int, profile: str | None = None) -> dict:
             else None,
             "backlog_left": left,
             "verified": verified and left == 0,
+            # the machine's load when the runs ended (a shared machine's figures vary with it)
+            "load_average": round(os.getloadavg()[0], 2),
         }
     finally:
         engine.dispose()
