@@ -46,20 +46,22 @@ BENCH_TICK_ROWS ?= 1000000
 BENCH_REPEAT ?= 3
 BENCH_LARGE_POSTGRES ?= large-postgres
 BENCH_LIVE ?= live
+BENCH_GC_ROWS ?= 100000
 MEDIA_USAGE_BENCH_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 # Every measurement in its own process, then one summary table with the targets: the six
 # reconciliations (SQLite/PostgreSQL x driver/floor/Dagster) BENCH_REPEAT times in alternation,
 # judged on their medians, each rate with project/floor beside it (the floor mode: plain bulk SQL
 # and the rules' minimal bookkeeping, its end state checked equal to the driver's), 10x the entries, the drain with 2 workers
-# on PostgreSQL against one, the work sensor's tick over BENCH_TICK_ROWS work rows, and the live
+# on PostgreSQL against one, the work sensor's tick over BENCH_TICK_ROWS work rows, the projection
+# GC draining a backlog of BENCH_GC_ROWS obsolete occurrence rows on both dialects, and the live
 # latency of edits with a real daemon on both dialects; each Dagster-mode reconciliation beside
 # its job's floor (the same graph with empty ops). BENCH_LARGE_POSTGRES=no-large-postgres skips
 # the 10x run on PostgreSQL, BENCH_LIVE=no-live the live measurements.
 bench: $(STAMP)
 	$(BIN)/python -m media_usage_orchestration.bench.suite --entries $(BENCH_ENTRIES) \
 		--tick-rows $(BENCH_TICK_ROWS) --repeat $(BENCH_REPEAT) --$(BENCH_LARGE_POSTGRES) \
-		--$(BENCH_LIVE) --postgres-url '$(MEDIA_USAGE_BENCH_POSTGRES_URL)'
+		--$(BENCH_LIVE) --gc-rows $(BENCH_GC_ROWS) --postgres-url '$(MEDIA_USAGE_BENCH_POSTGRES_URL)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -7,8 +7,9 @@ the sensor daemon's own iteration over the workspace `make dev` loads, launched 
 persistent instance in `.dagster_home` - until every collection's coverage is complete. A
 forced deletion of one collection follows (the request job, then the deletion job its sensor
 asks for), then an edit wave on the others (captured by the triggers, projected by the work
-job) and one projection-GC pass over the generations it replaced, backdated past the GC's
-safety window; that run also records the media library. `make dev` opens the same database and
+job) and one projection-GC run over the generations it replaced, backdated past the GC's
+safety window (its passes, back to back, reap them all); that run also records the media
+library. `make dev` opens the same database and
 instance in the UI, where every run is on its job's Runs tab and re-executes.
 """
 
@@ -342,7 +343,7 @@ def _drive_the_lanes(
     collections: Sequence[DemoCollection],
 ) -> None:
     """Activation and coverage, the deletion, the edit wave of the collections that remain and
-    a projection-GC pass; `record` hears of every run as it ends and appends it to `runs`.
+    a projection-GC run; `record` hears of every run as it ends and appends it to `runs`.
     The edit wave comes after the deletion, so the index asset's latest materialization (its
     overview in the UI) is a live collection's: Dagster keeps a deleted partition's events."""
     coverage = progress.add_task("coverage complete", total=len(collections))
@@ -405,7 +406,7 @@ def _collect_projection_garbage(
 ) -> None:
     """The generations the edit wave replaced, backdated past the GC's safety window (else the
     demo would wait an hour for them), then the sensors' rounds: the projection-GC sensor asks
-    for one pass, which also records the media library."""
+    for one run, whose passes reap them all and which also records the media library."""
     aged = age_replaced_generations(engine)
     progress.console.print(
         f"Projection GC: {aged} occurrence rows of replaced generations backdated past the "

@@ -124,9 +124,10 @@ def media_usage_maintenance():
 
 @dg.job(
     name="media_usage_projection_gc",
-    description="EmDash's projection GC: one lease-guarded pass that deletes expired "
-    "generation-write leases and a bounded batch of obsolete occurrences (orphans, stale and "
-    "abandoned generations past the safety window), then records the media library summary.",
+    description="EmDash's projection GC: lease-guarded passes, back to back while the backlog "
+    "fills them, each deleting expired generation-write leases and a bounded batch of obsolete "
+    "occurrences (orphans, stale and abandoned generations past the safety window); then the "
+    "media library summary.",
     executor_def=dg.in_process_executor,
     tags={"media_usage/workflow": "projection_gc"},
 )

@@ -1,6 +1,7 @@
 """`media-usage bench`: how fast a collection is reconciled, captured work is processed, a
-work sensor ticks over a large work table, or (live) how long an edit waits for the index with
-a real daemon running, each on a fresh database (see `database.py`).
+work sensor ticks over a large work table, the projection GC reaps a backlog, or (live) how
+long an edit waits for the index with a real daemon running, each on a fresh database (see
+`database.py`).
 
 Human lines go to the console: the measurement, its phases (seconds and statements per entry)
 and peak RSS; the last line printed is one JSON object for scripts.
@@ -16,6 +17,7 @@ import click
 from rich.markup import escape
 
 from media_usage_orchestration.bench.database import console, fresh_database, is_postgres_url
+from media_usage_orchestration.bench.gc import run_gc
 from media_usage_orchestration.bench.live import LiveLoad, print_live, run_live
 from media_usage_orchestration.bench.measure import (
     BenchResult,
@@ -35,8 +37,8 @@ DEFAULT_ENTRIES = 5000
 def _refuse_bad_combinations(
     database_url: str | None, mode: str, workload: str, work_path: str, workers: int
 ) -> None:
-    if workload == "live" and workers > 1:
-        raise click.UsageError("--workload live measures a real daemon's runs: one worker")
+    if workload in ("live", "gc") and workers > 1:
+        raise click.UsageError(f"--workload {workload} measures one lane's runs: one worker")
     if mode == "floor" and (workload != "reconcile" or workers > 1):
         raise click.UsageError("--mode floor reconciles with one worker (--workload reconcile)")
     if workload == "work" and mode == "dagster" and work_path == "tick":
@@ -71,6 +73,8 @@ def _measure(
             return run_work(measured, path)
         if workload == "scrub":
             return run_scrub(url, job.entries)
+        if workload == "gc":
+            return run_gc(url, job.entries, job.profile)
         return run_tick(url, job.entries)
 
 
@@ -99,7 +103,8 @@ def _reference_database(database_url: str | None, keep: bool, mode: str) -> Iter
     default=DEFAULT_ENTRIES,
     show_default=True,
     type=click.IntRange(1),
-    help="Entries to reconcile or work items to process; work rows for --workload tick.",
+    help="Entries to reconcile or work items to process; work rows for --workload tick; "
+    "obsolete occurrence rows to reap for --workload gc.",
 )
 @click.option(
     "--mode",
@@ -111,11 +116,12 @@ def _reference_database(database_url: str | None, keep: bool, mode: str) -> Iter
 )
 @click.option(
     "--workload",
-    type=click.Choice(["reconcile", "work", "tick", "scrub", "live"]),
+    type=click.Choice(["reconcile", "work", "tick", "scrub", "live", "gc"]),
     default="reconcile",
     show_default=True,
     help="tick: time the work sensor over --entries generated work rows; scrub: time the "
-    "scrubber's slices over --entries reconciled entries; live: edits at "
+    "scrubber's slices over --entries reconciled entries; gc: projection-GC runs reaping a "
+    "backlog of --entries obsolete rows aged past the safety window; live: edits at "
     "--rate with a real daemon, after --entries entries in --collections are reconciled.",
 )
 @click.option(
@@ -195,6 +201,14 @@ def bench(
         click.echo(json.dumps(record))
         return
     job = Workload("", entries, mode, workers, profile_path)
+    if workload == "gc":
+        record = _measure(database_url, keep, workload, job, work_path)
+        print_gc(record)
+        record["peak_rss_mb"] = round(peak_rss_mb(), 1)
+        click.echo(json.dumps(record))
+        if not record["verified"]:
+            raise SystemExit(1)
+        return
     if workload == "scrub":
         record = _measure(database_url, keep, workload, job, work_path)
         console.print(
@@ -234,6 +248,18 @@ def bench(
         raise SystemExit(1)
 
 
+def print_gc(record: dict) -> None:
+    console.print(
+        f"projection GC over a backlog of {record['backlog_rows']:,} rows ({record['dialect']}, "
+        f"{record['current_rows']:,} current rows kept): {record['deleted_rows']:,} deleted in "
+        f"{record['seconds']:.1f} s ({record['rows_per_second']:,} rows/s), "
+        f"{record['runs']} run(s), {record['passes']:,} passes ({record['pass_ms']} ms, "
+        f"{record['statements_per_pass']} statements a pass); left {record['backlog_left']:,}; "
+        f"verify {'clean' if record['verified'] else 'NOT clean'} (load average "
+        f"{record['load_average']})"
+    )
+
+
 def with_speedup(result: BenchResult, baseline: BenchResult) -> BenchResult:
     """`result` carrying the one-worker drain time and the drain's speed-up over it."""
     single = baseline.phase_seconds.get("drain", 0.0)
@@ -245,4 +271,4 @@ def with_speedup(result: BenchResult, baseline: BenchResult) -> BenchResult:
     return BenchResult(**{**result.__dict__, "extra": {**result.extra, **extra}})
 
 
-__all__ = ["DEFAULT_ENTRIES", "bench", "with_speedup"]
+__all__ = ["DEFAULT_ENTRIES", "bench", "print_gc", "with_speedup"]

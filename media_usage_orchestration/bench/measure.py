@@ -226,6 +226,18 @@ class DriverMode:
                     return calls
 
 
+def reconciled_collection(engine: Engine, entries: int) -> Collection:
+    """A collection of `entries` sample entries, capture active, reconciled to complete
+    coverage by the driver (the starting point of the scrubber and GC measurements)."""
+    collection = create_collection(engine)
+    insert_entries(engine, entries)
+    activate(engine)
+    DriverMode(engine, collection).reconcile()
+    if not coverage_is_complete(engine, collection):
+        raise RuntimeError("coverage is not complete after the reconciliation")
+    return collection
+
+
 class DagsterLane:
     """What the daemon does, in this process: evaluate the given sensors and execute every run
     they request as a real run in the instance until none is requested (`lane(sensors)`

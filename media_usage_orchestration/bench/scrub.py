@@ -13,12 +13,8 @@ import time
 
 from media_usage_orchestration.bench.database import (
     console,
-    coverage_is_complete,
-    create_collection,
-    insert_entries,
 )
-from media_usage_orchestration.bench.measure import DriverMode
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.bench.measure import reconciled_collection
 from media_usage_orchestration.processing.scrub import (
     SLICE_ENTRIES,
     SLICE_SECONDS,
@@ -51,12 +47,7 @@ def run_scrub(url: str, entries: int) -> dict:
     """Reconcile `entries` sample entries, then time `SWEEPS` sweeps slice by slice."""
     engine = create_database_engine(url)
     try:
-        collection = create_collection(engine)
-        insert_entries(engine, entries)
-        activate(engine)
-        DriverMode(engine, collection).reconcile()
-        if not coverage_is_complete(engine, collection):
-            raise RuntimeError("coverage is not complete after the reconciliation")
+        reconciled_collection(engine, entries)
         console.print(f"{entries:,} entries reconciled; timing {SWEEPS} sweeps")
         limits = ScrubLimits(entries=SLICE_ENTRIES, seconds=3600.0)
         slices: list[float] = []

@@ -9,6 +9,7 @@ minutes, so one pair can differ by that much for no reason of its own; the targe
 on each combination's median); 10 N entries with the driver and with Dagster on SQLite (and
 the driver on PostgreSQL unless `--no-large-postgres`); the drain with 2 workers on PostgreSQL
 against one; the work and queue sensors' ticks over `--tick-rows` generated work rows on both
+dialects; the projection GC reaping a backlog of `--gc-rows` obsolete rows (`gc.py`) on both
 dialects; unless `--no-live`, the live latency with a real daemon (`live.py`) on both dialects.
 Each Dagster-mode reconciliation also runs its job's floor (`floor.py`) before and after its
 run: the summary's floor table shows both, and the reconciliation run's overhead beyond its
@@ -47,6 +48,8 @@ TARGETS = {
     "live_p50_seconds": 3.0,
     "live_p95_seconds": 10.0,
     "live_runs_in_idle": 0,
+    "gc_runs": 2,
+    "gc_seconds": 120.0,
 }
 FLOOR_COLUMNS = (
     ("dagster_floor_seconds", "floor s"),
@@ -110,6 +113,7 @@ def plan(
     large_postgres: bool,
     repeat: int = 1,
     live: bool = True,
+    gc_rows: int = 100_000,
 ) -> list[tuple[str, list[str], int]]:
     """(name, arguments, round) of every measurement, in the order they run."""
     postgres = ["--database-url", postgres_url]
@@ -136,6 +140,8 @@ def plan(
         ("postgresql 2 workers", ["--entries", str(entries), "--workers", "2", *postgres]),
         ("sqlite tick", ["--workload", "tick", "--entries", str(tick_rows)]),
         ("postgresql tick", ["--workload", "tick", "--entries", str(tick_rows), *postgres]),
+        ("sqlite gc", ["--workload", "gc", "--entries", str(gc_rows)]),
+        ("postgresql gc", ["--workload", "gc", "--entries", str(gc_rows), *postgres]),
     ]
     if live:
         once += [
@@ -161,7 +167,7 @@ def summary_table(measurements: Sequence[Measurement]) -> Table:
         if each.failed and not record:
             table.add_row(each.label, *["-"] * 12, each.failed)
             continue
-        if record.get("workload") in ("tick", "live"):
+        if record.get("workload") in ("tick", "live", "gc"):
             continue
         phases = record.get("phases", {})
         table.add_row(
@@ -226,6 +232,36 @@ def live_table(measurements: Sequence[Measurement]) -> Table:
             *(str(latency[name]) for name in ("p50", "p95", "max")),
             str(record["runs_during_load"]),
             str(record["runs_in_idle"]),
+        )
+    return table
+
+
+def gc_table(measurements: Sequence[Measurement]) -> Table:
+    table = Table(title="projection GC reaping a backlog of obsolete rows")
+    for header in (
+        "measurement",
+        "backlog",
+        "s",
+        "rows/s",
+        "runs",
+        "passes",
+        "ms/pass",
+        "verified",
+    ):
+        table.add_column(header, justify="left" if header == "measurement" else "right")
+    for each in measurements:
+        record = each.record
+        if record.get("workload") != "gc":
+            continue
+        table.add_row(
+            each.label,
+            f"{record['backlog_rows']:,}",
+            f"{record['seconds']:.1f}",
+            f"{record['rows_per_second']:,.0f}",
+            str(record["runs"]),
+            f"{record['passes']:,}",
+            str(record["pass_ms"]),
+            "yes" if record["verified"] and not each.failed else f"NO {each.failed or ''}",
         )
     return table
 
@@ -299,6 +335,7 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
         _drain_floor_finding(add, by_name, dialect)
         _floor_findings(add, by_name.get(f"{dialect} dagster", []), dialect)
         _live_findings(add, records.get(f"{dialect} live"), dialect)
+        _gc_findings(add, records.get(f"{dialect} gc"), dialect)
     peaks = [record["peak_rss_mb"] for record in records.values() if "peak_rss_mb" in record]
     if peaks:
         limit = TARGETS["peak_rss_mb"]
@@ -367,6 +404,22 @@ def _live_findings(add, live: dict | None, dialect: str) -> None:
     )
 
 
+def _gc_findings(add, gc: dict | None, dialect: str) -> None:
+    """The backlog drained (to its last row, the index verified) within the runs and seconds."""
+    if not gc:
+        return
+    backlog = f"{gc['backlog_rows']:,}-row backlog"
+    drained = gc["verified"] and gc["backlog_left"] == 0
+    for what, value, name in (("runs", gc["runs"], "gc_runs"), ("s", gc["seconds"], "gc_seconds")):
+        limit = TARGETS[name]
+        add(
+            f"{dialect} projection GC {what} to drain a {backlog}",
+            value,
+            f"<= {limit}",
+            drained and value <= limit,
+        )
+
+
 def print_summary(measurements: Sequence[Measurement]) -> None:
     wide = Console(width=SUMMARY_WIDTH, soft_wrap=True)
     wide.rule("[bold]summary")
@@ -375,6 +428,8 @@ def print_summary(measurements: Sequence[Measurement]) -> None:
         wide.print(floor_table(measurements))
     if any(each.record.get("workload") == "live" for each in measurements):
         wide.print(live_table(measurements))
+    if any(each.record.get("workload") == "gc" for each in measurements):
+        wide.print(gc_table(measurements))
     for what, value, target, met in findings(measurements):
         mark = "[green]met[/]" if met else "[red]NOT met[/]"
         wide.print(f"  {what:<60} {value!s:>10}  target {target:<9} {mark}")
@@ -401,14 +456,27 @@ def print_summary(measurements: Sequence[Measurement]) -> None:
     show_default=True,
     help="The live latency with a real daemon on both dialects (about 3 minutes each).",
 )
+@click.option(
+    "--gc-rows",
+    default=100_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Obsolete occurrence rows the projection GC reaps on each dialect.",
+)
 def main(
-    entries: int, postgres_url: str, tick_rows: int, large_postgres: bool, repeat: int, live: bool
+    entries: int,
+    postgres_url: str,
+    tick_rows: int,
+    large_postgres: bool,
+    repeat: int,
+    live: bool,
+    gc_rows: int,
 ) -> None:
     """Run every bench measurement in its own process and print one summary."""
     measurements = [
         run_measurement(name, arguments, round_)
         for name, arguments, round_ in plan(
-            entries, postgres_url, tick_rows, large_postgres, repeat, live
+            entries, postgres_url, tick_rows, large_postgres, repeat, live, gc_rows
         )
     ]
     print_summary(measurements)

@@ -34,6 +34,7 @@ class ProgressLog:
         total: int | None = None,
         interval: float = PROGRESS_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        detail: Callable[[], str] | None = None,
     ) -> None:
         self.log = log
         self.what = what
@@ -41,6 +42,7 @@ class ProgressLog:
         self.total = total
         self.interval = interval
         self.clock = clock
+        self.detail = detail
         self.started = self.last_line = clock()
         self.done = 0
         self.lines = 0
@@ -66,16 +68,31 @@ class ProgressLog:
         elapsed = max(now - self.started, 0.0)
         rate = self.done / elapsed if elapsed > 0 else 0.0
         of_total = f" of at most {self.total}" if self.total is not None else ""
-        return f"{self.done}{of_total} {self.unit} in {elapsed:.1f} s ({rate:.1f} {self.unit}/s)"
+        detail = f"; {self.detail()}" if self.detail is not None else ""
+        return (
+            f"{self.done}{of_total} {self.unit} in {elapsed:.1f} s ({rate:.1f} {self.unit}/s)"
+            f"{detail}"
+        )
 
 
 @contextlib.contextmanager
 def logged_progress(
-    context: dg.OpExecutionContext, what: str, unit: str, *, total: int | None = None
+    context: dg.OpExecutionContext,
+    what: str,
+    unit: str,
+    *,
+    total: int | None = None,
+    detail: Callable[[], str] | None = None,
 ) -> Iterator[ProgressLog]:
-    """A `ProgressLog` on the op's INFO log whose final line is written however the op ends."""
+    """A `ProgressLog` on the op's INFO log whose final line is written however the op ends;
+    `detail` adds what the count alone does not say to each line."""
     progress = ProgressLog(
-        context.log.info, what, unit, total=total, interval=PROGRESS_INTERVAL_SECONDS
+        context.log.info,
+        what,
+        unit,
+        total=total,
+        interval=PROGRESS_INTERVAL_SECONDS,
+        detail=detail,
     )
     try:
         yield progress

@@ -1,4 +1,4 @@
-"""One projection-GC pass (EmDash's `cleanupMediaUsage`), Dagster-free.
+"""Projection-GC passes (EmDash's `cleanupMediaUsage`), Dagster-free.
 
 A pass claims the task row, deletes a bounded batch of expired generation-write leases, scans
 the next window of occurrences below the sweep's cutoff, picks at most `delete_limit` of them
@@ -6,6 +6,12 @@ to reap (orphans, then stale, then abandoned generations; any row under a live w
 skipped) and records its counters on the row. The sweep cursor only advances past candidates
 whose kind was fully deleted, so rows a lost race left behind are looked at again. A pass stops
 issuing statements once its time budget is spent; correctness never depends on the budget.
+
+A pass is *full* when it deleted `delete_limit` rows or its window was full (`scan_has_more`):
+there is probably more right behind it, so it leaves the task row due at once instead of
+EmDash's interval. `run_projection_gc_passes` runs passes back to back while they are full,
+within a time budget; each pass is still one claim of the row under its own lease, so EmDash's
+own cleanup (or another run) sharing the row takes its turn between any two of them.
 """
 
 from __future__ import annotations
@@ -60,11 +66,22 @@ class GcOutcome(StrEnum):
 class GcResult:
     outcome: GcOutcome
     counters: GcCounters = field(default_factory=GcCounters)
+    # the pass hit its delete limit or a full window: the task row was left due at once
+    full: bool = False
 
     @property
     def deleted_rows(self) -> int:
-        c = self.counters
-        return c.deleted_orphans + c.deleted_stale + c.deleted_abandoned
+        return deleted_occurrences(self.counters)
+
+
+def deleted_occurrences(counters: GcCounters) -> int:
+    return counters.deleted_orphans + counters.deleted_stale + counters.deleted_abandoned
+
+
+def is_full(counters: GcCounters, limits: GcLimits) -> bool:
+    """More garbage is probably right behind this pass: it deleted as much as a pass may, or
+    its window of candidates was full."""
+    return deleted_occurrences(counters) >= limits.delete_limit or counters.scan_has_more
 
 
 @dataclass
@@ -212,7 +229,8 @@ def run_projection_gc(
 ) -> GcResult:
     """One pass. `skipped`: the task was not due, leased by another pass, or the lease was
     lost before the counters could be recorded; `failed`: a statement raised (recorded with
-    MEDIA_USAGE_CLEANUP_FAILED and a backoff)."""
+    MEDIA_USAGE_CLEANUP_FAILED and a backoff). A full pass leaves the row due at once; any
+    other is due again `interval_seconds` after its claim, as EmDash's are."""
     limits = limits or GcLimits()
     budget = Budget(max_seconds=limits.time_budget_seconds, clock=clock)
     repo = ProjectionGcRepository(engine)
@@ -229,13 +247,16 @@ def run_projection_gc(
         work.delete_expired_write_leases()
         next_cursor, swept = work.sweep()
         counters = work.counters()
-        recorded = repo.complete(claim.lease_token, counters, next_cursor, swept)
+        full = is_full(counters, limits)
+        recorded = repo.complete(claim.lease_token, counters, next_cursor, swept, due_now=full)
     except Exception:
         logger.exception("media usage projection GC pass failed")
         counters = work.counters()
         _record_failure(repo, claim, limits, counters.duration_ms)
         return GcResult(GcOutcome.FAILED, counters)
-    return GcResult(GcOutcome.COMPLETED if recorded else GcOutcome.SKIPPED, counters)
+    if not recorded:
+        return GcResult(GcOutcome.SKIPPED, counters)
+    return GcResult(GcOutcome.COMPLETED, counters, full=full)
 
 
 def _record_failure(
@@ -252,3 +273,92 @@ def _record_failure(
         )
     except Exception:  # the lease lapses by itself; the next pass takes over
         logger.exception("could not record the projection GC failure")
+
+
+# --- passes back to back ------------------------------------------------------------------------
+
+DEFAULT_RUN_SECONDS = 60.0
+
+
+class GcRunEnd(StrEnum):
+    NOT_FULL = "not_full"  # the last pass was not full: caught up with the backlog
+    TIME_BUDGET = "time_budget"  # the run's budget was spent after a full pass (the row is due)
+    SKIPPED = "skipped"  # the row was not due, held by another pass, or the lease was lost
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class GcRun:
+    """The passes of one run, in order, and why it stopped."""
+
+    passes: tuple[GcResult, ...]
+    ended: GcRunEnd
+    duration_ms: int
+
+    @property
+    def outcome(self) -> GcOutcome:
+        if self.ended is GcRunEnd.FAILED:
+            return GcOutcome.FAILED
+        if self.completed_passes:
+            return GcOutcome.COMPLETED
+        return GcOutcome.SKIPPED
+
+    @property
+    def completed_passes(self) -> int:
+        return sum(1 for each in self.passes if each.outcome is GcOutcome.COMPLETED)
+
+    @property
+    def counters(self) -> GcCounters:
+        """The passes' counts summed; the backlog bound and `scan_has_more` of the last pass
+        that completed (what is left); the run's duration."""
+        completed = [each for each in self.passes if each.outcome is GcOutcome.COMPLETED]
+        last = completed[-1].counters if completed else GcCounters()
+        return GcCounters(
+            candidate_count=sum(each.counters.candidate_count for each in self.passes),
+            deleted_orphans=sum(each.counters.deleted_orphans for each in self.passes),
+            deleted_stale=sum(each.counters.deleted_stale for each in self.passes),
+            deleted_abandoned=sum(each.counters.deleted_abandoned for each in self.passes),
+            deleted_write_leases=sum(each.counters.deleted_write_leases for each in self.passes),
+            backlog_lower_bound=last.backlog_lower_bound,
+            scan_has_more=last.scan_has_more,
+            duration_ms=self.duration_ms,
+        )
+
+    @property
+    def deleted_rows(self) -> int:
+        return sum(each.deleted_rows for each in self.passes)
+
+
+def _ended_by(result: GcResult) -> GcRunEnd | None:
+    """Why a run stops after this pass (None: it goes on)."""
+    if result.outcome is GcOutcome.FAILED:
+        return GcRunEnd.FAILED
+    if result.outcome is GcOutcome.SKIPPED:
+        return GcRunEnd.SKIPPED
+    return None if result.full else GcRunEnd.NOT_FULL
+
+
+def run_projection_gc_passes(
+    engine: Engine,
+    limits: GcLimits | None = None,
+    *,
+    max_seconds: float = DEFAULT_RUN_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+    progress: Callable[[GcResult], None] | None = None,
+) -> GcRun:
+    """Passes back to back (`run_projection_gc`, each its own claim) while each is full, until
+    one is not, one is skipped or fails, or `max_seconds` are spent; `progress` is told each
+    pass's result. The first pass always runs; a pass under way is never cut short by the
+    run's budget (its own `time_budget_seconds` bounds it)."""
+    budget = Budget(max_seconds=max_seconds, clock=clock)
+    passes: list[GcResult] = []
+    while True:
+        result = run_projection_gc(engine, limits, clock=clock)
+        passes.append(result)
+        if progress is not None:
+            progress(result)
+        ended = _ended_by(result)
+        if ended is None and budget.exhausted():
+            ended = GcRunEnd.TIME_BUDGET
+        if ended is not None:
+            return GcRun(tuple(passes), ended, budget.elapsed_ms())

@@ -221,6 +221,19 @@ def test_the_scrub_bench_times_the_scrubbers_slices_over_reconciled_entries(serv
     assert report["sweep_hours_per_100k"] > 0
 
 
+def test_the_gc_bench_reaps_the_backlog_with_real_runs_and_verifies_the_index(server):
+    result = invoke("--workload", "gc", "--entries", "600", *server)
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["workload"] == "gc"
+    assert (report["backlog_rows"], report["deleted_rows"], report["backlog_left"]) == (600, 600, 0)
+    assert report["stale_rows"] > report["abandoned_rows"] > 0 and report["current_rows"] > 0
+    assert report["runs"] == 1 and report["passes"] >= 600 // 50
+    assert report["verified"] and report["rows_per_second"] > 0
+    assert "projection GC over a backlog of 600 rows" in result.output
+
+
 @pytest.mark.slow
 def test_the_live_bench_projects_every_edit_with_a_real_daemon_and_stops_it(server, monkeypatch):
     """A real daemon, two collections, six edits in three seconds and a short linger: the
@@ -327,6 +340,8 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
         ("postgresql 2 workers", 1),
         ("sqlite tick", 1),
         ("postgresql tick", 1),
+        ("sqlite gc", 1),
+        ("postgresql gc", 1),
         ("sqlite live", 1),
         ("postgresql live", 1),
     ]
@@ -338,6 +353,16 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
 
     def floor(floor_seconds: float, overhead_seconds: float) -> dict:
         return {"dagster_floor_seconds": floor_seconds, "run_overhead_seconds": overhead_seconds}
+
+    def gc(runs: int, seconds: float) -> dict:
+        return {
+            "workload": "gc",
+            "backlog_rows": 100_000,
+            "backlog_left": 0,
+            "verified": True,
+            "runs": runs,
+            "seconds": seconds,
+        }
 
     def live(p50: float, p95: float, idle: int) -> dict:
         latency = {"p50": p50, "p95": p95, "max": p95}
@@ -379,6 +404,8 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
             measured("sqlite tick", work_rows=10, tick_ms=40.0, probe_ms=3.0),
             measured("sqlite live", **live(p50=0.8, p95=12.5, idle=0)),
             measured("postgresql live", **live(p50=0.6, p95=4.0, idle=1)),
+            measured("sqlite gc", **gc(runs=1, seconds=40.0)),
+            measured("postgresql gc", **gc(runs=3, seconds=110.0)),
         ]
     )
 
@@ -402,6 +429,10 @@ def test_the_suite_plans_every_measurement_and_judges_the_targets():
         "postgresql live latency p50 s (2 edits/s)": (0.6, True),
         "postgresql live latency p95 s (2 edits/s)": (4.0, True),
         "postgresql live runs launched in the idle 60 s": (1, False),
+        "sqlite projection GC runs to drain a 100,000-row backlog": (1, True),
+        "sqlite projection GC s to drain a 100,000-row backlog": (40.0, True),
+        "postgresql projection GC runs to drain a 100,000-row backlog": (3, False),
+        "postgresql projection GC s to drain a 100,000-row backlog": (110.0, True),
         "peak RSS MB (largest)": (100.0, True),
         "postgresql drain, 2 workers over 1": (1.5, False),
     }

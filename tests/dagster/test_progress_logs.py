@@ -10,6 +10,7 @@ from media_usage_orchestration import jobs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.ops import progress as progress_module
 from media_usage_orchestration.ops.progress import ProgressLog
+from tests.support.projection_gc import make_gc_due, orphans
 from tests.support.reconciliation_steps import captured_collection, image_entry
 from tests.support.sensor_loop import resources
 from tests.unit.processing.test_run_loop import Clock as FakeClock
@@ -86,3 +87,29 @@ def test_a_work_op_over_within_the_interval_logs_no_progress_line(db, monkeypatc
         lines = _work_log_lines(db, instance, entries=6, batch_size=2)
 
     assert lines == []
+
+
+def test_the_projection_gc_op_logs_each_pass_with_its_counters(activated, monkeypatch):
+    monkeypatch.setattr(progress_module, "PROGRESS_INTERVAL_SECONDS", 0)
+    orphans(activated.engine, 120)
+    make_gc_due(activated.engine)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = jobs.media_usage_projection_gc.execute_in_process(
+            instance=instance, resources={"database": resources(activated)["database"]}
+        )
+        assert result.success
+        lines = [
+            entry.user_message
+            for entry in instance.all_logs(result.run_id)
+            if entry.user_message.startswith("collect_projection_garbage: ")
+        ]
+
+    # passes of 50, 50 and 20 (not full: the run ends), then the final line
+    assert len(lines) == 3 + 1, lines
+    assert lines[0].startswith("collect_projection_garbage: 50 rows deleted in ")
+    assert lines[0].endswith(
+        "; pass 1 completed: 120 candidates, deleted 50 orphans, 0 stale, "
+        "0 abandoned, 0 write leases"
+    )
+    assert "pass 3 completed: 20 candidates, deleted 20 orphans" in lines[2]
+    assert lines[-1].startswith("collect_projection_garbage: finished, 120 rows deleted in ")

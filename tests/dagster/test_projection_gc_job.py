@@ -4,8 +4,6 @@ pass has something to do; each run's counters are in its metadata and on the ass
 is recorded on `media_usage_media_library`."""
 
 import dagster as dg
-from sqlalchemy import insert
-from ulid import ULID
 
 from media_usage_orchestration.assets.media_library import MEDIA_USAGE_MEDIA_LIBRARY
 from media_usage_orchestration.assets.projection_cleanup import MEDIA_USAGE_PROJECTION_CLEANUP
@@ -19,30 +17,10 @@ from tests.support.projection_gc import (
     make_gc_due,
     non_current_occurrences,
     one_task,
+    orphans,
 )
 from tests.support.sensor_loop import evaluate, execute_request, output_metadata, plain, resources
 from tests.support.states import backdate, count, set_status
-
-
-def _orphans(engine, how_many: int) -> None:
-    generation = str(ULID())
-    rows = [
-        {
-            "id": str(ULID()),
-            "source_key": f"gone-{index // 10}",
-            "generation": generation,
-            "field_slug": "hero",
-            "field_path": f"hero.{index % 10}",
-            "reference_type": "image_field",
-            "media_id": "m",
-            "provider": "local",
-            "provider_asset_id": "m",
-        }
-        for index in range(how_many)
-    ]
-    with engine.begin() as connection:
-        connection.execute(insert(schema.occurrences), rows)
-    backdate(engine, schema.occurrences, "created_at", 2 * HOUR)
 
 
 def _materializations(instance, key) -> list[dict]:
@@ -55,46 +33,71 @@ def test_the_sensor_skips_without_candidates_and_while_not_due(activated):
         data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
         assert data.skip_message == "no projection GC candidates"
         assert not data.run_requests
-        _orphans(activated.engine, 3)
+        orphans(activated.engine, 3)
         backdate(activated.engine, schema.cleanup, "next_eligible_at", -60)  # due in a minute
         data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
         assert data.skip_message == "the projection GC is not due (or a pass holds its lease)"
 
 
-def test_runs_reap_the_backlog_and_record_it_shrinking(activated):
+def test_one_run_reaps_the_backlog_pass_after_pass_and_records_its_totals(activated):
     engine = activated.engine
     edit_storm(engine, "posts", entries=2, rounds=1)
     backdate(engine, schema.occurrences, "created_at", 2 * HOUR)
-    _orphans(engine, 110)
+    orphans(engine, 110)
     with dg.DagsterInstance.ephemeral() as instance:
-        deleted = []
-        for _ in range(6):
-            make_gc_due(engine)
-            data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
-            if not data.run_requests:
-                break
-            [request] = data.run_requests
-            assert request.run_key.startswith("gc:projection_gc:")
-            result = execute_request(
-                media_usage_projection_gc_sensor, request, instance, resources(activated)
-            )
-            assert result.success
-            metadata = output_metadata(result, "collect_projection_garbage")
-            assert metadata["outcome"] == "completed"
-            deleted.append(metadata["deleted_rows"])
+        make_gc_due(engine)
+        data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
+        [request] = data.run_requests
+        assert request.run_key.startswith("gc:projection_gc:")
+        result = execute_request(
+            media_usage_projection_gc_sensor, request, instance, resources(activated)
+        )
+        assert result.success
+        metadata = output_metadata(result, "collect_projection_garbage")
+        # the pass that was not full ended the run; the row is due 60 s after its claim
+        data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
+        assert data.skip_message == "the projection GC is not due (or a pass holds its lease)"
+        make_gc_due(engine)
+        data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
         assert data.skip_message == "no projection GC candidates"
-        recorded = _materializations(instance, MEDIA_USAGE_PROJECTION_CLEANUP)
+        [recorded] = _materializations(instance, MEDIA_USAGE_PROJECTION_CLEANUP)
         assert _materializations(instance, MEDIA_USAGE_MEDIA_LIBRARY) == []  # no media table
+        [run] = instance.get_runs()
+        assert run.tags["media_usage/outcome"] == "completed"
 
-    # 110 orphans and 2 superseded heroes, at most 50 a pass; the third pass ends the sweep
-    assert deleted == [50, 50, 12]
-    assert [m["deleted_rows"] for m in recorded] == deleted
-    assert [m["backlog_lower_bound"] for m in recorded] == [50, 50, 12]
-    assert [m["scan_has_more"] for m in recorded] == [False, False, False]
+    # 110 orphans and 2 superseded heroes, at most 50 a pass: 50, 50, then 12 ends the run
+    assert recorded == metadata
+    assert {k: metadata[k] for k in ("outcome", "passes", "stopped_by", "deleted_rows")} == {
+        "outcome": "completed",
+        "passes": 3,
+        "stopped_by": "not_full",
+        "deleted_rows": 112,
+    }
+    assert metadata["deleted_orphans"] + metadata["deleted_stale"] == 112
+    assert (metadata["backlog_lower_bound"], metadata["scan_has_more"]) == (12, False)
     assert non_current_occurrences(engine) == 0
     task = one_task(engine)
-    assert task["last_deleted_orphans"] == recorded[-1]["deleted_orphans"]
-    assert task["last_candidate_count"] == recorded[-1]["candidates"]
+    assert task["last_deleted_orphans"] + task["last_deleted_stale"] == 12  # the last pass's
+
+
+def test_a_run_stops_at_its_time_budget_and_leaves_the_row_due(activated):
+    engine = activated.engine
+    orphans(engine, 120)
+    make_gc_due(engine)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = media_usage_projection_gc.execute_in_process(
+            instance=instance,
+            resources={"database": resources(activated)["database"]},
+            run_config={"ops": {"collect_projection_garbage": {"config": {"max_seconds": 1e-6}}}},
+        )
+        assert result.success
+        metadata = output_metadata(result, "collect_projection_garbage")
+        assert (metadata["passes"], metadata["stopped_by"]) == (1, "time_budget")
+        assert metadata["deleted_rows"] == 50
+        # due at once: the sensor asks for the next run without waiting for EmDash's minute
+        data = evaluate(media_usage_projection_gc_sensor, instance, resources(activated))
+        assert len(data.run_requests) == 1
+    assert count(engine, schema.occurrences) == 70
 
 
 def test_a_failed_pass_fails_the_run_with_the_error_code(activated, monkeypatch):

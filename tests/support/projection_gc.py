@@ -3,8 +3,12 @@ time travel past the safety window (backdating, never sleeping) and GC passes un
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, func, select, update
+import random
 
+from sqlalchemy import Engine, func, insert, select, update
+from ulid import ULID
+
+from media_usage_orchestration.emdash_double.aging import obsolete_rows
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.projection_gc import (
     GcLimits,
@@ -16,7 +20,7 @@ from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.clock import timestamp_offset
 from tests.support.projection import active_collection, image
-from tests.support.states import backdate, count
+from tests.support.states import backdate, count, db_now
 
 HOUR = 3600
 
@@ -49,6 +53,21 @@ def edit_storm(engine: Engine, slug: str, entries: int, rounds: int) -> list[str
     return ids
 
 
+def random_edits(
+    engine: Engine, ids: list[str], seed: int, edits: int, problems: list[str]
+) -> None:
+    """`edits` edits of random entries of `posts` (each a new hero), each projected at once (its
+    publication under a write lease); an error is added to `problems` (for a thread)."""
+    rng, writer = random.Random(seed), CmsWriter(engine)
+    try:
+        for edit in range(edits):
+            content_id = rng.choice(ids)
+            writer.update_entry("posts", content_id, {"hero": image(f"{seed}-{edit}")})
+            process_due_batch(engine, 4)
+    except Exception as error:  # reported by the caller; the test fails on it
+        problems.append(f"editor {seed}: {type(error).__name__}: {error}")
+
+
 def age_occurrences(engine: Engine, seconds: int = 2 * HOUR) -> None:
     """Every occurrence row created `seconds` ago: past the safety window."""
     backdate(engine, schema.occurrences, "created_at", seconds)
@@ -64,14 +83,7 @@ def make_gc_due(engine: Engine) -> None:
 
 
 def non_current_occurrences(engine: Engine) -> int:
-    o, s = schema.occurrences, schema.sources
-    current = (
-        select(s.c.source_key)
-        .where(s.c.source_key == o.c.source_key, s.c.current_generation == o.c.generation)
-        .exists()
-    )
-    with engine.connect() as connection:
-        return connection.execute(select(func.count()).select_from(o).where(~current)).scalar_one()
+    return obsolete_rows(engine)
 
 
 def gc_until_quiet(
@@ -103,3 +115,79 @@ def one_task(engine: Engine) -> dict:
             .mappings()
             .one()
         )
+
+
+def orphans(engine: Engine, how_many: int, seconds_ago: int = 2 * HOUR) -> None:
+    """`how_many` occurrence rows of sources that no longer exist, created `seconds_ago`."""
+    generation = str(ULID())
+    rows = [
+        {
+            "id": str(ULID()),
+            "source_key": f"gone-{index // 10}",
+            "generation": generation,
+            "field_slug": "hero",
+            "field_path": f"hero.{index % 10}",
+            "reference_type": "image_field",
+            "media_id": "m",
+            "provider": "local",
+            "provider_asset_id": "m",
+        }
+        for index in range(how_many)
+    ]
+    with engine.begin() as connection:
+        connection.execute(insert(schema.occurrences), rows)
+    backdate(engine, schema.occurrences, "created_at", seconds_ago, media_id="m")
+
+
+def sources_missing_their_generation(engine: Engine) -> int:
+    """Sources whose current generation has no occurrence row left (every test entry has one)."""
+    s, o = schema.sources, schema.occurrences
+    has_rows = (
+        select(o.c.id)
+        .where(o.c.source_key == s.c.source_key, o.c.generation == s.c.current_generation)
+        .exists()
+    )
+    with engine.connect() as connection:
+        return connection.execute(select(func.count()).select_from(s).where(~has_rows)).scalar_one()
+
+
+def hold_write_leases(engine: Engine, how_many: int) -> list[tuple[str, str]]:
+    """Generations of real sources that are not current, old, and under a live write lease:
+    exactly what the GC would reap if it ignored the lease."""
+    with engine.connect() as connection:
+        keys = (
+            connection.execute(select(schema.sources.c.source_key).limit(how_many)).scalars().all()
+        )
+    held = [(key, str(ULID())) for key in keys]
+    with engine.begin() as connection:
+        for key, generation in held:
+            connection.execute(
+                insert(schema.occurrences),
+                [
+                    {
+                        "id": str(ULID()),
+                        "source_key": key,
+                        "generation": generation,
+                        "field_slug": "hero",
+                        "field_path": "hero",
+                        "reference_type": "image_field",
+                        "media_id": "held",
+                        "provider": "local",
+                        "provider_asset_id": "held",
+                    }
+                ],
+            )
+            connection.execute(
+                insert(schema.generation_writes),
+                [
+                    {
+                        "source_key": key,
+                        "generation": generation,
+                        "lease_token": str(ULID()),
+                        "expires_at": db_now(engine, HOUR),
+                        "created_at": db_now(engine),
+                    }
+                ],
+            )
+    backdate(engine, schema.occurrences, "created_at", 2 * HOUR, media_id="held")
+    return held

@@ -18,14 +18,20 @@ Database time only: every timestamp is computed by the statement that uses it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
+    Delete,
     Engine,
+    Integer,
+    Select,
+    Update,
     and_,
+    bindparam,
     case,
     delete,
     exists,
@@ -33,8 +39,10 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    tuple_,
     update,
 )
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ColumnElement
 
 from media_usage_orchestration.store.core.clock import (
@@ -43,7 +51,11 @@ from media_usage_orchestration.store.core.clock import (
     timestamp_offset,
     validate_duration,
 )
-from media_usage_orchestration.store.core.engine import is_postgres, read_transaction
+from media_usage_orchestration.store.core.engine import (
+    is_postgres,
+    read_transaction,
+    single_statement,
+)
 from media_usage_orchestration.store.core.schema import (
     CLEANUP_TASK_KEY,
     cleanup,
@@ -163,59 +175,150 @@ def task_is_claimable() -> ColumnElement[bool]:
     )
 
 
-def _lease_is_held(engine_or_dialect_is_postgres: bool, lease_token: str) -> ColumnElement[bool]:
-    """EXISTS the task row under this token with a live lease; PostgreSQL locks it, so a GC
-    statement and a source write (the fence's FOR SHARE) never interleave."""
-    held = cleanup.alias("cleanup_lease")
+# Every sweep statement is built once per dialect with bound parameters (the pass's lease
+# token, cutoff, cursor, ids and limits), so a pass sends the same SQL text each time: nothing
+# is rebuilt or re-keyed per pass (a backlog takes thousands of passes), and PostgreSQL can
+# prepare each statement once per connection. Each statement is a transaction of its own
+# (`single_statement`: on PostgreSQL without BEGIN and COMMIT round trips), atomic with its
+# guards and the fence's triggers; no transaction spans two statements of a pass.
+_HELD = cleanup.alias("cleanup_lease")
+_WRITER = generation_writes.alias("writer")
+_SOURCE = sources.alias("source")
+
+
+def _lease_is_held(postgres: bool) -> ColumnElement[bool]:
+    """EXISTS the task row under the pass's `lease_token` with a live lease; PostgreSQL locks
+    it, so a GC statement and a source write (the fence's FOR SHARE) never interleave."""
     probe = select(literal(1)).where(
-        held.c.task_key == CLEANUP_TASK_KEY,
-        held.c.lease_token == lease_token,
-        lease_live_at_clock(held.c.lease_expires_at),
+        _HELD.c.task_key == CLEANUP_TASK_KEY,
+        _HELD.c.lease_token == bindparam("lease_token"),
+        lease_live_at_clock(_HELD.c.lease_expires_at),
     )
-    if engine_or_dialect_is_postgres:
+    if postgres:
         probe = probe.with_for_update()
     return exists(probe)
 
 
 def _no_live_write_lease() -> ColumnElement[bool]:
-    writer = generation_writes.alias("writer")
     return ~exists(
         select(literal(1)).where(
-            writer.c.source_key == occurrences.c.source_key,
-            writer.c.generation == occurrences.c.generation,
-            lease_live_at_clock(writer.c.expires_at),
+            _WRITER.c.source_key == occurrences.c.source_key,
+            _WRITER.c.generation == occurrences.c.generation,
+            lease_live_at_clock(_WRITER.c.expires_at),
         )
     )
 
 
 def _target_predicate(target: GcTarget) -> ColumnElement[bool]:
-    source = sources.alias("source")
-    same_source = source.c.source_key == occurrences.c.source_key
+    same_source = _SOURCE.c.source_key == occurrences.c.source_key
     if target is GcTarget.ORPHAN:
         return ~exists(select(literal(1)).where(same_source))
     age = (
-        occurrences.c.created_at < source.c.indexed_at
+        occurrences.c.created_at < _SOURCE.c.indexed_at
         if target is GcTarget.STALE
-        else occurrences.c.created_at >= source.c.indexed_at
+        else occurrences.c.created_at >= _SOURCE.c.indexed_at
     )
     return exists(
         select(literal(1)).where(
-            same_source, source.c.current_generation != occurrences.c.generation, age
+            same_source, _SOURCE.c.current_generation != occurrences.c.generation, age
         )
     )
 
 
-def _chunks(ids: Sequence[str], size: int) -> list[list[str]]:
-    return [list(ids[start : start + size]) for start in range(0, len(ids), size)]
+def _after(created_at: ColumnElement[str], id_: ColumnElement[str]) -> ColumnElement[bool]:
+    """Occurrences after the sweep's cursor in (created_at, id) order. A row-value comparison,
+    so both dialects start the cleanup-scan index range at the cursor instead of reading (and
+    filtering out) every row the sweep already passed, kept or reaped."""
+    return tuple_(occurrences.c.created_at, occurrences.c.id) > tuple_(created_at, id_)
+
+
+def _cursor_params(cursor: GcCursor | None) -> dict[str, str]:
+    if cursor is None:
+        return {}
+    return {"cursor_created_at": cursor.created_at, "cursor_id": cursor.id}
+
+
+@functools.cache
+def _find_candidates_statement(postgres: bool, after_cursor: bool) -> Select:
+    joined = occurrences.outerjoin(
+        _SOURCE, _SOURCE.c.source_key == occurrences.c.source_key
+    ).outerjoin(
+        _WRITER,
+        and_(
+            _WRITER.c.source_key == occurrences.c.source_key,
+            _WRITER.c.generation == occurrences.c.generation,
+        ),
+    )
+    window = true()
+    if after_cursor:
+        window = _after(bindparam("cursor_created_at"), bindparam("cursor_id"))
+    return (
+        select(
+            occurrences.c.id,
+            occurrences.c.source_key,
+            occurrences.c.generation,
+            occurrences.c.created_at,
+            _SOURCE.c.current_generation,
+            _SOURCE.c.indexed_at,
+            _WRITER.c.expires_at.label("write_lease_expires_at"),
+        )
+        .select_from(joined)
+        .where(occurrences.c.created_at < bindparam("cutoff"), window, _lease_is_held(postgres))
+        .order_by(occurrences.c.created_at, occurrences.c.id)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+def _target_guard(postgres: bool, target: GcTarget) -> ColumnElement[bool]:
+    return and_(
+        occurrences.c.id.in_(bindparam("ids", expanding=True)),
+        occurrences.c.created_at < bindparam("cutoff"),
+        _target_predicate(target),
+        _no_live_write_lease(),
+        _lease_is_held(postgres),
+    )
+
+
+@functools.cache
+def _mark_targets_statement(postgres: bool, target: GcTarget) -> Update:
+    return (
+        update(occurrences)
+        .where(_target_guard(postgres, target))
+        .values(cleanup_lease_token=bindparam("lease_token"))
+    )
+
+
+@functools.cache
+def _delete_marked_targets_statement(postgres: bool, target: GcTarget) -> Delete:
+    return delete(occurrences).where(
+        _target_guard(postgres, target),
+        occurrences.c.cleanup_lease_token == bindparam("lease_token"),
+    )
+
+
+@functools.cache
+def _find_expired_write_leases_statement(postgres: bool) -> Select:
+    return (
+        select(generation_writes.c.lease_token)
+        .where(is_due_at_clock(generation_writes.c.expires_at), _lease_is_held(postgres))
+        .order_by(generation_writes.c.expires_at, generation_writes.c.lease_token)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+@functools.cache
+def _delete_expired_write_leases_statement(postgres: bool) -> Delete:
+    return delete(generation_writes).where(
+        generation_writes.c.lease_token.in_(bindparam("write_lease_tokens", expanding=True)),
+        is_due_at_clock(generation_writes.c.expires_at),
+        _lease_is_held(postgres),
+    )
 
 
 class ProjectionGcRepository:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._postgres = is_postgres(engine)
-
-    def _held(self, lease_token: str) -> ColumnElement[bool]:
-        return _lease_is_held(self._postgres, lease_token)
 
     # -- the task row -------------------------------------------------------------------------
 
@@ -255,7 +358,7 @@ class ProjectionGcRepository:
                 cleanup.c.consecutive_failures,
             )
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             row = connection.execute(statement).mappings().first()
         if row is None:
             return None
@@ -265,10 +368,18 @@ class ProjectionGcRepository:
         return record_from_row(GcClaim, claim, consecutive_failures=int)
 
     def complete(
-        self, lease_token: str, counters: GcCounters, next_cursor: GcCursor | None, swept: bool
+        self,
+        lease_token: str,
+        counters: GcCounters,
+        next_cursor: GcCursor | None,
+        swept: bool,
+        *,
+        due_now: bool = False,
     ) -> bool:
         """Release the lease with the pass's counters; a finished sweep forgets its cursor and
-        cutoff so the next one starts over with a fresh cutoff."""
+        cutoff so the next one starts over with a fresh cutoff. `due_now` makes the row due at
+        once (a full pass: more is right behind it); otherwise it stays due when the claim set
+        it, EmDash's interval after the claim."""
         values = {
             "lease_token": None,
             "lease_expires_at": None,
@@ -289,6 +400,8 @@ class ProjectionGcRepository:
         }
         if swept:
             values["scan_before_at"] = None
+        if due_now:
+            values["next_eligible_at"] = timestamp_offset(0)
         return self._release(lease_token, values)
 
     def fail(
@@ -327,7 +440,7 @@ class ProjectionGcRepository:
             )
             .values(values)
         )
-        with self.engine.begin() as connection:
+        with single_statement(self.engine) as connection:
             return connection.execute(statement).rowcount > 0
 
     def read_task(self) -> GcTaskRow | None:
@@ -345,98 +458,54 @@ class ProjectionGcRepository:
     ) -> list[GcCandidate]:
         """The next `limit` occurrences below the cutoff after the cursor, with what decides
         their fate: their source's current generation and indexed_at, and any write lease."""
-        source = sources.alias("s")
-        writer = generation_writes.alias("writer")
-        joined = occurrences.outerjoin(
-            source, source.c.source_key == occurrences.c.source_key
-        ).outerjoin(
-            writer,
-            and_(
-                writer.c.source_key == occurrences.c.source_key,
-                writer.c.generation == occurrences.c.generation,
-            ),
-        )
-        after_cursor = true()
-        if cursor is not None:
-            after_cursor = or_(
-                occurrences.c.created_at > cursor.created_at,
-                and_(occurrences.c.created_at == cursor.created_at, occurrences.c.id > cursor.id),
-            )
-        statement = (
-            select(
-                occurrences.c.id,
-                occurrences.c.source_key,
-                occurrences.c.generation,
-                occurrences.c.created_at,
-                source.c.current_generation,
-                source.c.indexed_at,
-                writer.c.expires_at.label("write_lease_expires_at"),
-            )
-            .select_from(joined)
-            .where(occurrences.c.created_at < cutoff, after_cursor, self._held(lease_token))
-            .order_by(occurrences.c.created_at, occurrences.c.id)
-            .limit(max(0, int(limit)))
-        )
-        with self.engine.begin() as connection:
-            rows = connection.execute(statement).all()
+        statement = _find_candidates_statement(self._postgres, cursor is not None)
+        params = {
+            "lease_token": lease_token,
+            "cutoff": cutoff,
+            "limit": max(0, int(limit)),
+            **_cursor_params(cursor),
+        }
+        with single_statement(self.engine) as connection:
+            rows = connection.execute(statement, params).all()
         return [record_from_row(GcCandidate, row._mapping) for row in rows]
-
-    def _target_guard(
-        self, target: GcTarget, ids: Sequence[str], cutoff: str, lease_token: str
-    ) -> ColumnElement[bool]:
-        return and_(
-            occurrences.c.id.in_(list(ids)),
-            occurrences.c.created_at < cutoff,
-            _target_predicate(target),
-            _no_live_write_lease(),
-            self._held(lease_token),
-        )
 
     def mark_targets(
         self, target: GcTarget, ids: Sequence[str], cutoff: str, lease_token: str
     ) -> int:
         """Stamp the lease token on those of `ids` that are still `target` rows."""
-        statement = (
-            update(occurrences)
-            .where(self._target_guard(target, ids, cutoff, lease_token))
-            .values(cleanup_lease_token=lease_token)
+        return self._write(
+            _mark_targets_statement(self._postgres, target),
+            {"ids": list(ids), "cutoff": cutoff, "lease_token": lease_token},
         )
-        with self.engine.begin() as connection:
-            return connection.execute(statement).rowcount
 
     def delete_marked_targets(
         self, target: GcTarget, ids: Sequence[str], cutoff: str, lease_token: str
     ) -> int:
         """Delete those of `ids` still `target` rows and still carrying this pass's mark (the
         fence trigger raises the floor for each)."""
-        statement = delete(occurrences).where(
-            self._target_guard(target, ids, cutoff, lease_token),
-            occurrences.c.cleanup_lease_token == lease_token,
+        return self._write(
+            _delete_marked_targets_statement(self._postgres, target),
+            {"ids": list(ids), "cutoff": cutoff, "lease_token": lease_token},
         )
-        with self.engine.begin() as connection:
-            return connection.execute(statement).rowcount
 
     def find_expired_write_leases(self, lease_token: str, limit: int) -> list[str]:
-        statement = (
-            select(generation_writes.c.lease_token)
-            .where(is_due_at_clock(generation_writes.c.expires_at), self._held(lease_token))
-            .order_by(generation_writes.c.expires_at, generation_writes.c.lease_token)
-            .limit(max(0, int(limit)))
-        )
-        with self.engine.begin() as connection:
-            return list(connection.execute(statement).scalars())
+        statement = _find_expired_write_leases_statement(self._postgres)
+        params = {"lease_token": lease_token, "limit": max(0, int(limit))}
+        with single_statement(self.engine) as connection:
+            return list(connection.execute(statement, params).scalars())
 
     def delete_expired_write_leases(self, lease_token: str, write_lease_tokens: list[str]) -> int:
         """Delete those of the given write leases that are still expired."""
         if not write_lease_tokens:
             return 0
-        statement = delete(generation_writes).where(
-            generation_writes.c.lease_token.in_(write_lease_tokens),
-            is_due_at_clock(generation_writes.c.expires_at),
-            self._held(lease_token),
+        return self._write(
+            _delete_expired_write_leases_statement(self._postgres),
+            {"write_lease_tokens": list(write_lease_tokens), "lease_token": lease_token},
         )
-        with self.engine.begin() as connection:
-            return connection.execute(statement).rowcount
+
+    def _write(self, statement: Executable, params: dict) -> int:
+        with single_statement(self.engine) as connection:
+            return connection.execute(statement, params).rowcount
 
 
 def scan_window_statement(cutoff: str, cursor: GcCursor | None, window: int):
@@ -447,23 +516,16 @@ def scan_window_statement(cutoff: str, cursor: GcCursor | None, window: int):
         occurrences.c.created_at < cutoff
     )
     if cursor is not None:
-        scanned = scanned.where(
-            or_(
-                occurrences.c.created_at > cursor.created_at,
-                and_(occurrences.c.created_at == cursor.created_at, occurrences.c.id > cursor.id),
-            )
-        )
+        scanned = scanned.where(_after(literal(cursor.created_at), literal(cursor.id)))
     scanned = scanned.order_by(occurrences.c.created_at, occurrences.c.id).limit(window).subquery()
-    source = sources.alias("s")
     current = select(literal(1)).where(
-        source.c.source_key == scanned.c.source_key,
-        source.c.current_generation == scanned.c.generation,
+        _SOURCE.c.source_key == scanned.c.source_key,
+        _SOURCE.c.current_generation == scanned.c.generation,
     )
-    writer = generation_writes.alias("writer")
     written = select(literal(1)).where(
-        writer.c.source_key == scanned.c.source_key,
-        writer.c.generation == scanned.c.generation,
-        lease_live_at_clock(writer.c.expires_at),
+        _WRITER.c.source_key == scanned.c.source_key,
+        _WRITER.c.generation == scanned.c.generation,
+        lease_live_at_clock(_WRITER.c.expires_at),
     )
     target = and_(~exists(current), ~exists(written))
     return select(scanned.c.id, case((target, 1), else_=0).label("target"))

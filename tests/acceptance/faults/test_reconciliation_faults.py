@@ -130,7 +130,7 @@ def overlapping(step, writers: list[Writer], url: str, start_index: int, after_c
     and writes while the next call runs; it has finished before that call returns."""
     calls = []
 
-    def wrapped(engine, claim, *rest):
+    def wrapped(engine, claim, *args, **kwargs):
         calls.append(claim.lease_token)
         writer = None
         if len(calls) == after_calls + 1:
@@ -138,7 +138,7 @@ def overlapping(step, writers: list[Writer], url: str, start_index: int, after_c
             writers.append(writer)
             writer.start()
         try:
-            return step(engine, claim, *rest)
+            return step(engine, claim, *args, **kwargs)
         finally:
             if writer is not None:
                 writer.join(60)

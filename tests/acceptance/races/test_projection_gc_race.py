@@ -5,31 +5,28 @@ publication below the fence's floor is a no-op; in the end the index equals the 
 
 from __future__ import annotations
 
-import random
 import threading
 
 import pytest
-from sqlalchemy import func, insert, select, update
-from ulid import ULID
+from sqlalchemy import update
 
-from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.projection_gc import (
     GcLimits,
     GcOutcome,
     run_projection_gc,
 )
 from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import process_due_batch
 from media_usage_orchestration.store.core import schema
-from tests.support.projection import image
 from tests.support.projection_gc import (
-    HOUR,
     drain,
     edit_storm,
     gc_until_quiet,
+    hold_write_leases,
     non_current_occurrences,
+    random_edits,
+    sources_missing_their_generation,
 )
-from tests.support.states import backdate, count, db_now, one
+from tests.support.states import count, one
 
 pytestmark = [
     pytest.mark.slow,
@@ -42,75 +39,14 @@ EDITS_PER_EDITOR = 40
 HELD = 4
 
 
-def _sources_missing_their_generation(engine) -> int:
-    s, o = schema.sources, schema.occurrences
-    has_rows = (
-        select(o.c.id)
-        .where(o.c.source_key == s.c.source_key, o.c.generation == s.c.current_generation)
-        .exists()
-    )
-    with engine.connect() as connection:
-        return connection.execute(select(func.count()).select_from(s).where(~has_rows)).scalar_one()
-
-
-def _hold_write_leases(engine) -> list[tuple[str, str]]:
-    """Generations of real sources that are not current, old, and under a live write lease:
-    exactly what the GC would reap if it ignored the lease."""
-    with engine.connect() as connection:
-        keys = connection.execute(select(schema.sources.c.source_key).limit(HELD)).scalars().all()
-    held = [(key, str(ULID())) for key in keys]
-    with engine.begin() as connection:
-        for key, generation in held:
-            connection.execute(
-                insert(schema.occurrences),
-                [
-                    {
-                        "id": str(ULID()),
-                        "source_key": key,
-                        "generation": generation,
-                        "field_slug": "hero",
-                        "field_path": "hero",
-                        "reference_type": "image_field",
-                        "media_id": "held",
-                        "provider": "local",
-                        "provider_asset_id": "held",
-                    }
-                ],
-            )
-            connection.execute(
-                insert(schema.generation_writes),
-                [
-                    {
-                        "source_key": key,
-                        "generation": generation,
-                        "lease_token": str(ULID()),
-                        "expires_at": db_now(engine, HOUR),
-                        "created_at": db_now(engine),
-                    }
-                ],
-            )
-    backdate(engine, schema.occurrences, "created_at", 2 * HOUR, media_id="held")
-    return held
-
-
 def test_gc_passes_racing_projections_keep_current_and_leased_generations(activated):
     engine = activated.engine
     ids = edit_storm(engine, "posts", entries=8, rounds=1)
-    held = _hold_write_leases(engine)
+    held = hold_write_leases(engine, HELD)
     stop = threading.Event()
     problems: list[str] = []
     passes: list[GcOutcome] = []
     deleted: list[int] = []
-
-    def editor(seed: int) -> None:
-        rng, writer = random.Random(seed), CmsWriter(engine)
-        try:
-            for edit in range(EDITS_PER_EDITOR):
-                content_id = rng.choice(ids)
-                writer.update_entry("posts", content_id, {"hero": image(f"{seed}-{edit}")})
-                process_due_batch(engine, 4)
-        except Exception as error:  # reported below; the test fails on it
-            problems.append(f"editor {seed}: {type(error).__name__}: {error}")
 
     def collector() -> None:
         try:
@@ -118,13 +54,16 @@ def test_gc_passes_racing_projections_keep_current_and_leased_generations(activa
                 result = run_projection_gc(engine, AGGRESSIVE)
                 passes.append(result.outcome)
                 deleted.append(result.deleted_rows)
-                missing = _sources_missing_their_generation(engine)
+                missing = sources_missing_their_generation(engine)
                 if missing:
                     problems.append(f"{missing} sources lost their current generation")
         except Exception as error:
             problems.append(f"gc: {type(error).__name__}: {error}")
 
-    editors = [threading.Thread(target=editor, args=(seed,)) for seed in range(EDITORS)]
+    editors = [
+        threading.Thread(target=random_edits, args=(engine, ids, seed, EDITS_PER_EDITOR, problems))
+        for seed in range(EDITORS)
+    ]
     gc = threading.Thread(target=collector)
     gc.start()
     for thread in editors:
@@ -143,7 +82,7 @@ def test_gc_passes_racing_projections_keep_current_and_leased_generations(activa
     drain(engine)
     gc_until_quiet(engine, AGGRESSIVE)
     assert non_current_occurrences(engine) == HELD  # only the leased generations remain
-    assert _sources_missing_their_generation(engine) == 0
+    assert sources_missing_their_generation(engine) == 0
     assert not verify_index(engine).has_drift
 
     # a late publish of a generation the GC reaped (no live lease) is dropped by the fence
