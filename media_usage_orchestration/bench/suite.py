@@ -348,15 +348,22 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
     return found
 
 
+def _ratio_of_medians(
+    tops: Sequence[dict], top_key: str, bottoms: Sequence[dict], bottom_key: str
+) -> float | None:
+    """The median of `top_key` over the median of `bottom_key`, as reported (None over 0)."""
+    bottom = statistics.median(record[bottom_key] for record in bottoms)
+    top = statistics.median(record[top_key] for record in tops)
+    return round(top / bottom, 2) if bottom else None
+
+
 def _floor_findings(add, runs: Sequence[dict], dialect: str) -> None:
     """The reconciliation run's overhead beyond its steps over the floor's wall time, each the
     median of the rounds."""
     measured = [record for record in runs if "run_overhead_seconds" in record]
     if not measured:
         return
-    overhead = statistics.median(record["run_overhead_seconds"] for record in measured)
-    floor = statistics.median(record["dagster_floor_seconds"] for record in measured)
-    ratio = round(overhead / floor, 2) if floor else None
+    ratio = _ratio_of_medians(measured, "run_overhead_seconds", measured, "dagster_floor_seconds")
     limit = TARGETS["overhead_over_floor"]
     rounds = f" (medians of {len(measured)})" if len(measured) > 1 else ""
     what = f"{dialect} run overhead / Dagster floor{rounds}"
@@ -369,9 +376,7 @@ def _drain_floor_finding(add, by_name: dict[str, list[dict]], dialect: str) -> N
     floors = by_name.get(f"{dialect} floor", [])
     if not drivers or not floors:
         return
-    driver = statistics.median(record["entries_per_second"] for record in drivers)
-    floor = statistics.median(record["entries_per_second"] for record in floors)
-    ratio = round(driver / floor, 2) if floor else None
+    ratio = _ratio_of_medians(drivers, "entries_per_second", floors, "entries_per_second")
     limit = TARGETS["driver_over_drain_floor"]
     rounds = f" (medians of {min(len(drivers), len(floors))})" if len(drivers) > 1 else ""
     met = ratio is not None and ratio >= limit

@@ -121,45 +121,44 @@ def complete_coverage(engine: Engine, collection_id: str, schema_version: int) -
 
 # --- statements ---------------------------------------------------------------------------------
 
-_TAKE_STATUS = (
-    update(index_status)
-    .where(
-        is_content_collection_status(),
-        index_status.c.collection_id == bindparam("page_collection_id"),
-        index_status.c.capture_state == "active",
+
+def _collection_status_update(*guards: Any, **values: Any):
+    """An UPDATE of the collection's content status row (`page_collection_id`)."""
+    return (
+        update(index_status)
+        .where(
+            is_content_collection_status(),
+            index_status.c.collection_id == bindparam("page_collection_id"),
+            *guards,
+        )
+        .values(**values)
     )
-    .values(
-        status="running",
-        change_epoch=index_status.c.change_epoch + 1,
-        reconciliation_required=1,
-        started_at=now(),
-        updated_at=now(),
-    )
-    .returning(index_status.c.change_epoch)
-)
-_COMPLETE_STATUS = (
-    update(index_status)
-    .where(
-        is_content_collection_status(),
-        index_status.c.collection_id == bindparam("page_collection_id"),
-        index_status.c.status == "running",
-        ~exists(
-            select(work.c.content_id).where(work.c.collection_id == bindparam("page_collection_id"))
-        ),
-    )
-    .values(
-        status="complete",
-        schema_version=bindparam("page_schema_version", type_=Integer),
-        completed_at=now(),
-        cursor=None,
-        last_error_code=None,
-        indexed_source_count=0,
-        failed_source_count=0,
-        reconciliation_required=0,
-        # The drain's completed work marks it, as the driver's work batches do.
-        last_incremental_success_at=now(),
-        updated_at=now(),
-    )
+
+
+_TAKE_STATUS = _collection_status_update(
+    index_status.c.capture_state == "active",
+    status="running",
+    change_epoch=index_status.c.change_epoch + 1,
+    reconciliation_required=1,
+    started_at=now(),
+    updated_at=now(),
+).returning(index_status.c.change_epoch)
+_COMPLETE_STATUS = _collection_status_update(
+    index_status.c.status == "running",
+    ~exists(
+        select(work.c.content_id).where(work.c.collection_id == bindparam("page_collection_id"))
+    ),
+    status="complete",
+    schema_version=bindparam("page_schema_version", type_=Integer),
+    completed_at=now(),
+    cursor=None,
+    last_error_code=None,
+    indexed_source_count=0,
+    failed_source_count=0,
+    reconciliation_required=0,
+    # The drain's completed work marks it, as the driver's work batches do.
+    last_incremental_success_at=now(),
+    updated_at=now(),
 )
 
 

@@ -584,9 +584,11 @@ def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool, lease_
 
 
 @functools.lru_cache(maxsize=64)
-def _scan_page_statement(collection_slug: str, has_cursor: bool, has_upper: bool, limit: int):
+def _scan_page_statement(
+    collection_slug: str, has_cursor: bool, has_upper: bool, limit: int, guarded: bool
+):
     content = _content(collection_slug)
-    bounds = [live_claim_exists(_BOUND_CLAIM)]
+    bounds = [live_claim_exists(_BOUND_CLAIM)] if guarded else []
     if has_cursor:
         bounds.append(content.c.id > _BOUND_CURSOR)
     # No upper id means the collection had no media fields: nothing to scan.
@@ -750,7 +752,12 @@ class ReconciliationRepository:
         with read_transaction(self.engine) as connection:
             return connection.execute(statement).scalar()
 
-    def find_scan_page(self, reconciliation: ReconciliationRecord, limit: int) -> list[str]:
+    def find_scan_page(
+        self, reconciliation: ReconciliationRecord, limit: int, *, guarded: bool = True
+    ) -> list[str]:
+        """The next page of content ids after the scan cursor, seen only while the claim's
+        lease holds the row. Unguarded (`guarded=False`) only inside the page's transaction,
+        whose enqueue and checkpoint carry the lease's guards and refuse when it is lost."""
         limit = _page_limit(limit, "scan")
         content_table_name(reconciliation.collection_slug)  # a bad slug fails before any SQL
         if not reconciliation.lease_token or reconciliation.target_epoch is None:
@@ -758,7 +765,7 @@ class ReconciliationRepository:
         _require_claim(reconciliation)
         cursor, upper = reconciliation.scan_cursor, reconciliation.scan_upper_id
         statement = _scan_page_statement(
-            reconciliation.collection_slug, bool(cursor), bool(upper), limit
+            reconciliation.collection_slug, bool(cursor), bool(upper), limit, guarded
         )
         parameters = _claim_parameters(
             reconciliation, **{_BOUND_CURSOR.key: cursor, _BOUND_UPPER.key: upper}

@@ -12,7 +12,6 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Connection,
     Engine,
     Text,
@@ -29,7 +28,7 @@ from sqlalchemy import (
 
 from media_usage_orchestration.store.activation import RUNTIME_GENERATION, activation_lease_is_held
 from media_usage_orchestration.store.core.clock import now
-from media_usage_orchestration.store.core.engine import read_transaction, single_statement
+from media_usage_orchestration.store.core.engine import single_statement
 from media_usage_orchestration.store.core.predicates import (
     is_collection_status_row,
     registry_identity_is_current,
@@ -209,31 +208,17 @@ def record_incremental_success(engine: Engine, collection_id: str, slug: str) ->
     and no work of the collection remains. Untrusted coverage (`reconciliation_required = 1`)
     only a full reconciliation can complete.
 
-    The epoch is read, then the update re-asserts it (and everything else it decides on) in
-    its own WHERE clause, so the two need no transaction around them."""
+    One statement: the seed reads the epoch and re-asserts it in the update, which decides on
+    the row as that statement finds it all the same; the read added a round trip per batch."""
     identity = {_SUCCESS_COLLECTION_ID.key: collection_id, _SUCCESS_SLUG.key: slug}
-    with read_transaction(engine) as connection:
-        observed = connection.execute(_observed_epoch_statement(), identity).scalar_one_or_none()
-    if observed is None:
-        return False
     with single_statement(engine) as connection:
-        result = connection.execute(
-            _record_success_statement(), {**identity, _OBSERVED_EPOCH.key: observed}
-        )
+        result = connection.execute(_record_success_statement(), identity)
     return result.rowcount > 0
 
 
-# Every completed batch records a success: both statements are built once, bound per call.
+# Every completed batch records a success: the statement is built once, bound per call.
 _SUCCESS_COLLECTION_ID = bindparam("success_collection_id", type_=Text)
 _SUCCESS_SLUG = bindparam("success_collection_slug", type_=Text)
-_OBSERVED_EPOCH = bindparam("observed_change_epoch", type_=BigInteger)
-
-
-@functools.cache
-def _observed_epoch_statement():
-    return select(index_status.c.change_epoch).where(
-        _active_bound_row(_SUCCESS_COLLECTION_ID, _SUCCESS_SLUG)
-    )
 
 
 @functools.cache
@@ -252,7 +237,6 @@ def _record_success_statement():
         update(index_status)
         .where(
             _active_bound_row(_SUCCESS_COLLECTION_ID, _SUCCESS_SLUG),
-            index_status.c.change_epoch == _OBSERVED_EPOCH,
         )
         .values(
             status=case((can_complete, "complete"), else_=index_status.c.status),

@@ -30,6 +30,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     delete,
     exists,
     func,
@@ -37,7 +38,6 @@ from sqlalchemy import (
     null,
     or_,
     select,
-    tuple_,
     union_all,
     update,
 )
@@ -59,7 +59,11 @@ from media_usage_orchestration.store.core.engine import (
     read_transaction,
     single_statement,
 )
-from media_usage_orchestration.store.core.id_lists import in_text_list
+from media_usage_orchestration.store.core.id_lists import (
+    in_text_list,
+    text_list_item,
+    text_list_parameter,
+)
 from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.leases import (
     LeaseState,
@@ -478,8 +482,8 @@ def _operator_rows_statement(
 
 
 _CLAIM_COLLECTION = bindparam("claim_collection_id", type_=Text)
-# The claim's fresh lease tokens, one per rank, bound as one relation.
-_CLAIM_TOKENS = JsonRows.of("claim_token", {"rank": Integer(), "lease_token": Text()})
+# The claim's fresh lease tokens, bound as one list: the candidate of rank n takes the nth.
+_CLAIM_TOKENS = text_list_parameter("claim_lease_tokens")
 
 
 @contextlib.contextmanager
@@ -514,12 +518,10 @@ def _claim_batch_statement(
     collection are bound at execution."""
     collection_id = _CLAIM_COLLECTION if by_collection else None
     candidate = _batch_candidates(limit, dialect_name == "postgresql", collection_id)
-    token = _CLAIM_TOKENS.relation(dialect_name)
     conditions = [
         work.c.collection_id == candidate.c.collection_id,
         work.c.content_id == candidate.c.content_id,
         work.c.work_version == candidate.c.work_version,
-        token.c.rank == candidate.c.rank,
         is_claimable(work),
     ]
     if while_capture_active:
@@ -528,7 +530,7 @@ def _claim_batch_statement(
         update(work)
         .values(
             state=_LEASED,
-            lease_token=token.c.lease_token,
+            lease_token=text_list_item(_CLAIM_TOKENS, candidate.c.rank),
             lease_expires_at=timestamp_offset(lease_seconds),
             last_attempted_at=now(),
             updated_at=now(),
@@ -692,40 +694,27 @@ def complete_leases(connection: Connection, leases: Sequence[WorkLease]) -> set[
     parameters = {
         "held_collection_ids": sorted({lease.collection_id for lease in leases}),
         "held_content_ids": [lease.content_id for lease in leases],
-        **_HELD_LEASES.bind(connection.dialect.name, [vars(lease) for lease in leases]),
+        "held_token_versions": [f"{lease.lease_token} {lease.work_version}" for lease in leases],
     }
-    statement = _complete_leases_statement(connection.dialect.name)
+    statement = _complete_leases_statement()
     return {
         (row.collection_id, row.content_id) for row in connection.execute(statement, parameters)
     }
 
 
-_HELD_LEASES = JsonRows.of(
-    "held_lease",
-    {
-        "collection_id": Text(),
-        "content_id": Text(),
-        "work_version": BigInteger(),
-        "lease_token": Text(),
-    },
-)
-
-
-@functools.lru_cache(maxsize=4)
-def _complete_leases_statement(dialect_name: str):
-    """The two lists (one parameter each, so one statement text) let the rows be found
-    through an index; each is deleted only if one
-    of the leases names it exactly - version and token - and it is still leased and live."""
-    held = _HELD_LEASES.relation(dialect_name)
-    holds_one_of_them = tuple_(
-        work.c.collection_id, work.c.content_id, work.c.work_version, work.c.lease_token
-    ).in_(select(held.c.collection_id, held.c.content_id, held.c.work_version, held.c.lease_token))
+@functools.cache
+def _complete_leases_statement():
+    """The rows are found through the primary key (the two id lists); each is deleted only if
+    one of the leases names its exact token and version (a lease token is a fresh ULID per
+    claimed row, so it names the row too), and it is still leased and live. Each list is one
+    parameter, so one statement text whatever the batch's size."""
+    held = work.c.lease_token.concat(" ").concat(cast(work.c.work_version, Text))
     return (
         delete(work)
         .where(
             in_text_list(work.c.collection_id, "held_collection_ids"),
             in_text_list(work.c.content_id, "held_content_ids"),
-            holds_one_of_them,
+            in_text_list(held, "held_token_versions"),
             work.c.state == _LEASED,
             _lease_is_live(),
         )
@@ -1100,25 +1089,19 @@ class WorkRepository:
         written nor returned. On PostgreSQL the candidates are locked `FOR UPDATE SKIP LOCKED`,
         so concurrent batches take disjoint rows. Records come back in due order; each is then
         completed, retried, failed or renewed under its own lease. With `collection_id`, only
-        that collection's due rows are candidates. With `while_capture_active`, the activation
-        row is read first and nothing is claimed (None) unless capture is active, as EmDash's
-        processor checks before each claim; the UPDATE re-asserts it, so a claim never lands
-        after capture was deactivated. The UPDATE is a statement of its own (no transaction
+        that collection's due rows are candidates. With `while_capture_active` nothing is claimed
+        unless capture is active, as EmDash's processor checks before each claim: the UPDATE
+        asserts it, so a claim never lands after capture was deactivated, and only a claim that
+        took nothing reads the activation row, to tell inactive (None) from nothing due. The UPDATE is a statement of its own (no transaction
         block on PostgreSQL), and records are built once it has committed.
         """
         limit = _due_limit(limit)
         if collection_id is not None:
             require_text(collection_id, "Media usage batch claim collection ID must not be empty")
         lease_seconds = _lease_seconds(lease_seconds)
-        if while_capture_active and not self._capture_active():
-            return None
         tokens = new_ulids(limit)
         dialect_name = self.engine.dialect.name
-        ranked = [{"rank": rank, "lease_token": token} for rank, token in enumerate(tokens, 1)]
-        parameters = {
-            **_CLAIM_TOKENS.bind(dialect_name, ranked),
-            _CLAIM_COLLECTION.key: collection_id,
-        }
+        parameters = {_CLAIM_TOKENS.key: tokens, _CLAIM_COLLECTION.key: collection_id}
         statement = _claim_batch_statement(
             dialect_name, limit, lease_seconds, collection_id is not None, while_capture_active
         )
@@ -1127,6 +1110,8 @@ class WorkRepository:
             _due_indexes_walked_in_order(connection),
         ):
             rows = connection.execute(statement, parameters).all()
+        if not rows and while_capture_active and not self._capture_active():
+            return None
         order = {token: index for index, token in enumerate(tokens)}
         return sorted(_records(rows), key=lambda record: order[record.lease_token])
 

@@ -8,7 +8,7 @@ these hands the lease back after progress: that is the caller's choice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from media_usage_orchestration.media.fields import FieldDiscovery
 from media_usage_orchestration.media.fingerprints import field_fingerprint
@@ -22,7 +22,11 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ReconciliationOutcome,
     ScanOutcome,
 )
-from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.core.engine import (
+    Connection,
+    Engine,
+    guarded_writes_together,
+)
 from media_usage_orchestration.store.reconciliations import (
     ReconciliationClaim,
     ReconciliationPhase,
@@ -96,7 +100,7 @@ def _scan_upper_id(
 
 
 def _enqueue(
-    engine: Engine,
+    engine: Engine | Connection,
     claim: ReconciliationRecord,
     target_epoch: int,
     phase: str,
@@ -169,29 +173,59 @@ def scan_claimed(
         current = current_record(repository, claim) if fields_ else None
         if current is None:
             return ScanOutcome.DEFERRED
-    return _scan_next_page(engine, repository, claim, current, fields_, lease_seconds)
+    fields_ = fields_ or load_run_fields(engine, claim)
+    return scan_next_page(engine, repository, claim, current, fields_, lease_seconds).outcome
 
 
-def _scan_next_page(
+@dataclass(frozen=True)
+class Paged:
+    """A page's outcome and the coordinator as the page's guarded checkpoint left it (`current`
+    unchanged when nothing was checkpointed), so a walk's next page starts from it without
+    reading the row again: every write of that page re-asserts lease, run, epoch and cursor."""
+
+    outcome: ScanOutcome | ReconciliationOutcome
+    current: ReconciliationRecord
+
+
+def _checkpointed(current: ReconciliationRecord, expiry: str, **cursor: str) -> Paged:
+    # The values the checkpoint statement set (attempts reset, lease renewed past its half).
+    after = replace(
+        current, attempt_count=0, last_error_code=None, lease_expires_at=expiry, **cursor
+    )
+    return Paged(ScanOutcome.ADVANCED, after)
+
+
+def scan_next_page(
     engine: Engine,
     repository: ReconciliationRepository,
     claim: ReconciliationRecord,
     current: ReconciliationRecord,
-    fields_: RunFields | None,
+    fields_: RunFields,
     lease_seconds: int,
-) -> ScanOutcome:
-    fields_ = fields_ or load_run_fields(engine, claim)
+    *,
+    guarded_read: bool = True,
+) -> Paged:
+    """Enqueue the next scan page after `current.scan_cursor` and checkpoint it. Without
+    `guarded_read` the page's ids are read without the claim's guard: its enqueue and
+    checkpoint, in the same transaction, refuse once the lease is lost (then the caller must
+    not take an empty page for the scan's end without looking at the row)."""
     if current.field_fingerprint != fields_.fingerprint or current.target_epoch is None:
-        return ScanOutcome.RESTART_REQUIRED
-    content_ids = repository.find_scan_page(current, PAGE_SIZE)
-    if not content_ids:
-        return ScanOutcome.EXHAUSTED
-    _enqueue(engine, claim, current.target_epoch, "scan", content_ids)
-    if not repository.checkpoint_scan(
-        claim, current.target_epoch, current.scan_cursor, content_ids[-1], lease_seconds
-    ):
-        return ScanOutcome.DEFERRED
-    return ScanOutcome.ADVANCED
+        return Paged(ScanOutcome.RESTART_REQUIRED, current)
+    # The page's read, enqueue and checkpoint commit together: one commit per page, and a
+    # refused checkpoint takes its enqueue back with it.
+    with guarded_writes_together(engine) as connection:
+        in_page = ReconciliationRepository(connection)
+        content_ids = in_page.find_scan_page(current, PAGE_SIZE, guarded=guarded_read)
+        if not content_ids:
+            return Paged(ScanOutcome.EXHAUSTED, current)
+        _enqueue(connection, claim, current.target_epoch, "scan", content_ids)
+        expiry = in_page.checkpoint_scan(
+            claim, current.target_epoch, current.scan_cursor, content_ids[-1], lease_seconds
+        )
+        if expiry is None:
+            connection.rollback()
+            return Paged(ScanOutcome.DEFERRED, current)
+    return _checkpointed(current, expiry, scan_cursor=content_ids[-1])
 
 
 def enter_sources_claimed(
@@ -222,24 +256,30 @@ def source_page_claimed(
     current: ReconciliationRecord,
     fields_: RunFields,
     lease_seconds: int = LEASE_DURATION_SECONDS,
-) -> ScanOutcome | ReconciliationOutcome:
+) -> Paged:
+    """Walk the next page of canonical sources after `current.source_cursor` and checkpoint it."""
     page = repository.find_source_page(current, PAGE_SIZE)
     if not page:
-        return ScanOutcome.EXHAUSTED
+        return Paged(ScanOutcome.EXHAUSTED, current)
     if any(_is_invalid_source(source) for source in page):
-        return _fail_run(repository, claim, INVALID_SOURCE)
+        return Paged(_fail_run(repository, claim, INVALID_SOURCE), current)
     content_ids = list(dict.fromkeys(source.content_id for source in page))
-    # Without media fields every source is stale (its projection must become empty);
-    # otherwise the scan already refreshed every existing entry, so only absent ones remain.
-    if fields_.extracts:
-        content_ids = repository.find_missing_content_ids(claim.collection_slug, content_ids)
-    if content_ids:
-        _enqueue(engine, claim, current.target_epoch, "sources", content_ids)
-    if not repository.checkpoint_sources(
-        claim, current.target_epoch, current.source_cursor, page[-1].source_key, lease_seconds
-    ):
-        return ReconciliationOutcome.CLAIM_LOST
-    return ScanOutcome.ADVANCED
+    # The page's enqueue and checkpoint commit together, as a scan page's do.
+    with guarded_writes_together(engine) as connection:
+        in_page = ReconciliationRepository(connection)
+        # Without media fields every source is stale (its projection must become empty);
+        # otherwise the scan already refreshed every existing entry, so only absent ones remain.
+        if fields_.extracts:
+            content_ids = in_page.find_missing_content_ids(claim.collection_slug, content_ids)
+        if content_ids:
+            _enqueue(connection, claim, current.target_epoch, "sources", content_ids)
+        expiry = in_page.checkpoint_sources(
+            claim, current.target_epoch, current.source_cursor, page[-1].source_key, lease_seconds
+        )
+        if expiry is None:
+            connection.rollback()
+            return Paged(ReconciliationOutcome.CLAIM_LOST, current)
+    return _checkpointed(current, expiry, source_cursor=page[-1].source_key)
 
 
 def finalize_claimed(

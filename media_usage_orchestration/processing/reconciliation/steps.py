@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from media_usage_orchestration.processing.phases import phase
 from media_usage_orchestration.processing.reconciliation import machine
@@ -182,25 +182,103 @@ def prepare_run(engine: Engine, claim: ReconciliationClaim) -> StepResult:
     return StepResult(ReconciliationOutcome.ADVANCED, machine.as_claim(current))
 
 
+@dataclass(frozen=True)
+class PageStep:
+    """A page's outcome; `claim` is the coordinator as the page left it and `fields` the run's
+    fields, both for the walk's next page (`fields` is None when that page must read the row
+    again, as the first page of an op does)."""
+
+    outcome: ScanOutcome | ReconciliationOutcome
+    claim: ReconciliationClaim
+    fields: RunFields | None = None
+
+
+# What a carried page that did not advance may have run into without writing anything (a
+# lease taken over, an epoch moved, the walk's end): the row, read again, says which.
+_UNWRITTEN = frozenset(
+    {ScanOutcome.EXHAUSTED, ScanOutcome.DEFERRED, ReconciliationOutcome.CLAIM_LOST}
+)
+
+
 def scan_page(
-    engine: Engine, claim: ReconciliationClaim, lease_seconds: int = LEASE_DURATION_SECONDS
-) -> ScanOutcome:
+    engine: Engine,
+    claim: ReconciliationClaim,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
+    fields_: RunFields | None = None,
+) -> PageStep:
     """Enqueue and checkpoint one scan page (beginning the run first if `prepare_run` has
     not); the checkpoint renews the lease once past its half. `exhausted` once the scan is
     done or the run is already past it; `deferred` when the lease or the checkpoint was lost,
-    or the run must wait."""
+    or the run must wait.
+
+    With `fields_` (the walk's previous page advanced) `claim` is the row as that page's
+    checkpoint left it, and the page is written without reading the row first: its enqueue
+    and checkpoint re-assert lease, run, status epoch and cursor, so a refused page changed
+    nothing and is then judged from the row as it is now."""
+    return _carried_or_read(
+        engine, claim, lease_seconds, fields_, _carried_scan_page, _scan_page_read
+    )
+
+
+def _carried_scan_page(*args) -> machine.Paged:
+    # Any page that does not advance (an empty one too) is taken again from the row.
+    return machine.scan_next_page(*args, guarded_read=False)
+
+
+def _carried_or_read(
+    engine: Engine,
+    claim: ReconciliationClaim,
+    lease_seconds: int,
+    fields_: RunFields | None,
+    next_page: Callable[..., machine.Paged],
+    read_page: Callable[..., PageStep],
+) -> PageStep:
+    """The page from the carried claim when `fields_` is given; from the row read first when
+    not, or when the carried page wrote nothing (its guards only say that something moved)."""
     repository = ReconciliationRepository(engine)
+    if fields_ is not None:
+        paged = next_page(engine, repository, claim, claim, fields_, lease_seconds)
+        if paged.outcome not in _UNWRITTEN:
+            return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
+    return read_page(engine, repository, claim, lease_seconds)
+
+
+def _page_step(
+    repository: ReconciliationRepository,
+    claim: ReconciliationClaim,
+    paged: machine.Paged,
+    fields_: RunFields,
+    lost: ScanOutcome | ReconciliationOutcome,
+) -> PageStep:
+    """A page taken from the row: an empty page is `lost` when the lease is gone (the guarded
+    page read sees nothing then), not the walk's end."""
+    if paged.outcome is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
+        return PageStep(lost, claim)
+    return PageStep(paged.outcome, machine.as_claim(paged.current), fields_)
+
+
+def _scan_page_read(
+    engine: Engine,
+    repository: ReconciliationRepository,
+    claim: ReconciliationClaim,
+    lease_seconds: int,
+) -> PageStep:
     current = machine.current_record(repository, claim)
     if current is None:
-        return ScanOutcome.DEFERRED
+        return PageStep(ScanOutcome.DEFERRED, claim)
     if current.phase is not ReconciliationPhase.SCAN:
-        return ScanOutcome.EXHAUSTED
+        return PageStep(ScanOutcome.EXHAUSTED, claim)
     if current.target_epoch is not None and not repository.owns_run(claim, current.target_epoch):
-        return ScanOutcome.RESTART_REQUIRED
-    scanned = machine.scan_claimed(engine, repository, claim, current, lease_seconds)
-    if scanned is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
-        return ScanOutcome.DEFERRED
-    return scanned
+        return PageStep(ScanOutcome.RESTART_REQUIRED, claim)
+    if current.target_epoch is None:
+        fields_ = machine.begin_run(engine, repository, claim)
+        current = machine.current_record(repository, claim) if fields_ else None
+        if current is None:
+            return PageStep(ScanOutcome.DEFERRED, claim)
+    else:
+        fields_ = machine.load_run_fields(engine, claim)
+    paged = machine.scan_next_page(engine, repository, claim, current, fields_, lease_seconds)
+    return _page_step(repository, claim, paged, fields_, ScanOutcome.DEFERRED)
 
 
 def restart(engine: Engine, claim: ReconciliationClaim) -> StepResult:
@@ -245,26 +323,38 @@ def _enter_sources(engine: Engine, claim: ReconciliationClaim) -> StepResult:
 
 
 def source_page(
-    engine: Engine, claim: ReconciliationClaim, lease_seconds: int = LEASE_DURATION_SECONDS
-) -> ScanOutcome | ReconciliationOutcome:
+    engine: Engine,
+    claim: ReconciliationClaim,
+    lease_seconds: int = LEASE_DURATION_SECONDS,
+    fields_: RunFields | None = None,
+) -> PageStep:
     """Walk one page of canonical sources, enqueueing work for entries whose content is gone
     (every entry when the collection has no media fields); the checkpoint renews the lease
-    once past its half. `deferred` when the run is not in its source walk."""
-    repository = ReconciliationRepository(engine)
+    once past its half. `deferred` when the run is not in its source walk. With `fields_`
+    the page starts from `claim` as the previous page left it, as `scan_page` does."""
+    return _carried_or_read(
+        engine, claim, lease_seconds, fields_, machine.source_page_claimed, _source_page_read
+    )
+
+
+def _source_page_read(
+    engine: Engine,
+    repository: ReconciliationRepository,
+    claim: ReconciliationClaim,
+    lease_seconds: int,
+) -> PageStep:
     current = machine.current_record(repository, claim)
     if current is None:
-        return ReconciliationOutcome.CLAIM_LOST
+        return PageStep(ReconciliationOutcome.CLAIM_LOST, claim)
     if current.phase is not ReconciliationPhase.SOURCES:
-        return ScanOutcome.DEFERRED
+        return PageStep(ScanOutcome.DEFERRED, claim)
     if current.target_epoch is None or current.field_fingerprint is None:
-        return ReconciliationOutcome.CLAIM_LOST
+        return PageStep(ReconciliationOutcome.CLAIM_LOST, claim)
     fields_ = machine.load_run_fields(engine, claim)
     if machine.run_moved(repository, claim, current, fields_):
-        return ScanOutcome.RESTART_REQUIRED
+        return PageStep(ScanOutcome.RESTART_REQUIRED, claim)
     paged = machine.source_page_claimed(engine, repository, claim, current, fields_, lease_seconds)
-    if paged is ScanOutcome.EXHAUSTED and not repository.holds_live_claim(claim):
-        return ReconciliationOutcome.CLAIM_LOST
-    return paged
+    return _page_step(repository, claim, paged, fields_, ReconciliationOutcome.CLAIM_LOST)
 
 
 def finalize(engine: Engine, claim: ReconciliationClaim) -> StepResult:

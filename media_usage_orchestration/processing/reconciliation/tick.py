@@ -142,7 +142,7 @@ def _tick_sources(
         return _continue(
             repository, claim, machine.restart_run(engine, repository, claim, current, fields_)
         )
-    paged = machine.source_page_claimed(engine, repository, claim, current, fields_)
+    paged = machine.source_page_claimed(engine, repository, claim, current, fields_).outcome
     if paged is ScanOutcome.ADVANCED:
         return _continue(repository, claim, ReconciliationOutcome.ADVANCED)
     if paged is not ScanOutcome.EXHAUSTED:

@@ -70,27 +70,31 @@ def source_pages(
 def _page_walk(
     engine: Engine,
     claim: ReconciliationClaim,
-    step: Callable[[Engine, ReconciliationClaim, int], PageOutcome],
+    step: Callable[..., steps.PageStep],
     budget: Budget,
     lease_seconds: int,
     progress: Callable[[PageOutcome], None] | None,
     *,
     rescan: bool,
 ) -> Paging[ReconciliationClaim, PageOutcome]:
-    checkpointed = False
+    # The run's fields once the walk's first page read them; each later page starts from the
+    # claim its predecessor's checkpoint left, so the row, the status and the fields are read
+    # once per walk (and again only where a page's guarded write was refused).
+    fields_ = None
 
     def page(claim: ReconciliationClaim) -> Page[ReconciliationClaim, PageOutcome]:
-        nonlocal checkpointed
-        paged = step(engine, claim, lease_seconds)
-        checkpointed = paged is ScanOutcome.ADVANCED
-        if paged is ScanOutcome.RESTART_REQUIRED:
-            return _restarted(engine, claim, rescan=rescan)
-        return Page(paged, claim, more=paged is ScanOutcome.ADVANCED)
+        nonlocal fields_
+        paged = step(engine, claim, lease_seconds, fields_)
+        advanced = paged.outcome is ScanOutcome.ADVANCED
+        fields_ = paged.fields if advanced else None
+        if paged.outcome is ScanOutcome.RESTART_REQUIRED:
+            return _restarted(engine, paged.claim, rescan=rescan)
+        return Page(paged.outcome, paged.claim, more=advanced)
 
     def renew(held: ReconciliationClaim) -> ReconciliationClaim | None:
         # An advanced page's checkpoint renewed the lease (past its half) in its own guarded
         # statement: no write of its own is needed before the next page.
-        return held if checkpointed else steps.renew(engine, held, lease_seconds)
+        return held if fields_ is not None else steps.renew(engine, held, lease_seconds)
 
     return _walk(engine, claim, page, budget, lease_seconds, progress, renew)
 
@@ -131,7 +135,37 @@ def drain_collection_work(
             pause(OTHER_CLAIMERS_POLL_SECONDS)
             return Page(done, claim, more=_work_pending(engine, claim))
 
-        return _walk(engine, claim, batch, budget, lease_seconds, progress)
+        return _walk(
+            engine,
+            claim,
+            batch,
+            budget,
+            lease_seconds,
+            progress,
+            _sparse_renewal(engine, lease_seconds),
+        )
+
+
+def _sparse_renewal(
+    engine: Engine, lease_seconds: int, clock: Callable[[], float] = time.monotonic
+) -> Callable[[ReconciliationClaim], ReconciliationClaim | None]:
+    """The drain's renewal between batches: the first one renews (the claim's last renewal
+    is not known here), later ones only once a quarter of the lease went by since the last
+    (a batch takes milliseconds: renewing after each was a write per batch for nothing). As
+    for a work batch's leases, the process's clock only decides when to ask; whether the
+    lease is still live and how far it extends is decided by the database in the renewal
+    itself, which renews only past half the lease."""
+    renewed_at: float | None = None
+
+    def renew(held: ReconciliationClaim) -> ReconciliationClaim | None:
+        nonlocal renewed_at
+        if renewed_at is not None and clock() - renewed_at < lease_seconds / 4:
+            return held
+        renewed = steps.renew(engine, held, lease_seconds)
+        renewed_at = clock()
+        return renewed
+
+    return renew
 
 
 def _work_pending(engine: Engine, claim: ReconciliationClaim) -> bool:

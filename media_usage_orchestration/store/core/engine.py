@@ -311,9 +311,23 @@ def independent_statements(engine: Engine) -> Iterator[Connection]:
 
 
 @contextlib.contextmanager
-def _without_transaction_block_on_postgres(engine: Engine, *, read_only: bool):
+def guarded_writes_together(engine: Engine) -> Iterator[Connection]:
+    """A transaction for a few guarded statements that commit together (one commit, where each
+    would pay its own): repositories constructed on this connection run their reads and
+    single statements in it. Each statement still carries its own guard; the caller rolls the
+    transaction back when a later guard refused, so the group lands whole or not at all."""
+    with engine.connect() as connection, connection.begin():
+        yield connection
+
+
+@contextlib.contextmanager
+def _without_transaction_block_on_postgres(engine: Engine | Connection, *, read_only: bool):
     """A connection inside `begin()`: on SQLite that is `BEGIN` (read-only) or `BEGIN
-    IMMEDIATE`; on PostgreSQL the driver runs each statement on its own (autocommit)."""
+    IMMEDIATE`; on PostgreSQL the driver runs each statement on its own (autocommit). Given
+    a connection (`guarded_writes_together`), the statements run in its transaction."""
+    if isinstance(engine, Connection):
+        yield engine
+        return
     with engine.connect() as connection:
         if is_postgres(connection):
             connection = connection.execution_options(isolation_level="AUTOCOMMIT")

@@ -42,35 +42,70 @@ class TextList(TypeDecorator):
         return json.dumps(values, separators=(",", ":"), ensure_ascii=False)
 
 
-class _InTextList(ColumnElement[bool]):
+class _OverTextList(ColumnElement):
+    """An expression of `operand` over a bound text list, compiled per dialect below."""
+
+    inherit_cache = True
+
+    def __init__(self, operand: ColumnElement, values: BindParameter) -> None:
+        self.operand = operand
+        self.values = values
+
+    # Both are part of the cache key: the compiled text depends on them.
+    _traverse_internals: ClassVar = [
+        ("operand", InternalTraversal.dp_clauseelement),
+        ("values", InternalTraversal.dp_clauseelement),
+    ]
+
+    def compiled_parts(self, compiler, **kw) -> tuple[str, str]:
+        return compiler.process(self.operand, **kw), compiler.process(self.values, **kw)
+
+
+class _InTextList(_OverTextList):
+    """`operand` is one of the values."""
+
     inherit_cache = True
     type = Boolean()
     # A predicate as it is (SQLite would otherwise be asked `... = 1`, which no index serves).
     _is_implicitly_boolean = True
 
-    def __init__(self, column: ColumnElement, values: BindParameter) -> None:
-        self.column = column
-        self.values = values
 
-    # Both are part of the cache key: the compiled text depends on them.
-    _traverse_internals: ClassVar = [
-        ("column", InternalTraversal.dp_clauseelement),
-        ("values", InternalTraversal.dp_clauseelement),
-    ]
+class _TextListItem(_OverTextList):
+    """The value at the 1-based position `operand`."""
+
+    inherit_cache = True
+    type = Text()
 
 
 @compiles(_InTextList)
 def _compile_in_text_list(element: _InTextList, compiler, **kw) -> str:
-    column = compiler.process(element.column, **kw)
-    values = compiler.process(element.values, **kw)
+    column, values = element.compiled_parts(compiler, **kw)
     return f"{column} IN (SELECT value FROM json_each({values}))"
 
 
 @compiles(_InTextList, "postgresql")
 def _compile_any_text_list(element: _InTextList, compiler, **kw) -> str:
-    column = compiler.process(element.column, **kw)
-    values = compiler.process(element.values, **kw)
+    column, values = element.compiled_parts(compiler, **kw)
     return f"{column} = ANY({values})"
+
+
+@compiles(_TextListItem)
+def _compile_json_array_item(element: _TextListItem, compiler, **kw) -> str:
+    position, values = element.compiled_parts(compiler, **kw)
+    return f"json_extract({values}, '$[' || (({position}) - 1) || ']')"
+
+
+@compiles(_TextListItem, "postgresql")
+def _compile_array_item(element: _TextListItem, compiler, **kw) -> str:
+    position, values = element.compiled_parts(compiler, **kw)
+    return f"(CAST({values} AS TEXT[]))[{position}]"
+
+
+def text_list_item(values: BindParameter | str, position: ColumnElement) -> ColumnElement[str]:
+    """The value at 1-based `position` of the list bound to `values`: a lookup per row where a
+    join with the list as a relation would read the whole list for every row."""
+    parameter = text_list_parameter(values) if isinstance(values, str) else values
+    return _TextListItem(position, parameter)
 
 
 def text_list_parameter(name: str) -> BindParameter:
@@ -83,4 +118,4 @@ def in_text_list(column: ColumnElement, values: BindParameter | str) -> ColumnEl
     return _InTextList(column, parameter)
 
 
-__all__ = ["TextList", "in_text_list", "text_list_parameter"]
+__all__ = ["TextList", "in_text_list", "text_list_item", "text_list_parameter"]

@@ -208,7 +208,7 @@ def announced(self, **page):
     pages.append(page["content_ids"][-1])
     print(f"ENQUEUED {page['phase']} {len(pages)} {pages[-1]} {changed}", flush=True)
     if len(pages) == stop_after:
-        sys.stdin.readline()  # committed, not yet checkpointed: the parent kills us here
+        sys.stdin.readline()  # enqueued, its page not committed: the parent kills us here
     return changed
 
 
@@ -223,7 +223,8 @@ defs.resolve_job_def("media_usage_reconciliation").execute_in_process(
 
 def _kill_mid_scan(url: str, log_path) -> list[str]:
     """Run the job in its own process and SIGKILL it once it has enqueued page
-    KILL_AFTER_PAGE (committed, its checkpoint not yet written); returns what it printed."""
+    KILL_AFTER_PAGE (in the page's transaction, before its checkpoint); returns what it
+    printed."""
     lines: list[str] = []
     with open(log_path, "w") as log:
         process = subprocess.Popen(
@@ -278,7 +279,8 @@ def test_a_run_killed_mid_scan_is_resumed_from_its_checkpoint_after_its_lease_ex
         assert dead["scan_cursor"] == ids[(KILL_AFTER_PAGE - 1) * PAGE - 1]
         assert status_row(db.engine, "articles")["change_epoch"] == epoch
         enqueued = all_rows(db.engine, schema.work, collection_id=articles.id)
-        assert sorted(row["content_id"] for row in enqueued) == ids[: KILL_AFTER_PAGE * PAGE]
+        # The killed page's enqueue died with its transaction, before its checkpoint.
+        assert sorted(row["content_id"] for row in enqueued) == ids[: (KILL_AFTER_PAGE - 1) * PAGE]
         assert {(row["change_epoch"], row["work_version"], row["state"]) for row in enqueued} == {
             (epoch, 1, "pending")
         }
@@ -299,13 +301,13 @@ def test_a_run_killed_mid_scan_is_resumed_from_its_checkpoint_after_its_lease_ex
 
     assert step_outcomes(resumed.all_events) == COMPLETE_RUN
     scans = [page for page in pages if page.phase == "scan"]
-    # The scan resumed at its checkpoint: the page after it, which the dead run had already
-    # enqueued at this epoch (so nothing changed), then the rest of the collection.
+    # The scan resumed at its checkpoint: the page after it, whose enqueue the dead run never
+    # committed, then the rest of the collection.
     resumed_from = (KILL_AFTER_PAGE - 1) * PAGE
     assert [page.content_ids for page in scans] == [
         tuple(ids[start : start + PAGE]) for start in range(resumed_from, ENTRIES, PAGE)
     ]
-    assert [page.changed for page in scans] == [0] + [PAGE] * (len(scans) - 1)
+    assert [page.changed for page in scans] == [PAGE] * len(scans)
     assert {page.change_epoch for page in pages} == {epoch}
     assert [page for page in pages if page.phase == "sources"] == []
     # Every entry processed exactly once: the dead run's pages and the resumed ones.

@@ -129,7 +129,7 @@ def test_the_scan_reaches_its_bound_then_waits_for_the_work_it_enqueued(db):
     assert tick(db.engine) is ReconciliationOutcome.NOT_DUE
 
     make_due(db.engine, collection)
-    assert scan_page(db.engine, claimed(db.engine, collection)) is ScanOutcome.EXHAUSTED
+    assert scan_page(db.engine, claimed(db.engine, collection)).outcome is ScanOutcome.EXHAUSTED
 
 
 def test_newer_failed_work_left_untouched_by_the_scan_fails_the_run(db):
@@ -156,7 +156,7 @@ def test_newer_failed_work_left_untouched_by_the_scan_fails_the_run(db):
 def test_no_media_fields_means_an_immediately_exhausted_scan_and_no_work(db):
     collection = untrusted_collection(db.engine, "plain", ["entry-1"], NO_MEDIA)
 
-    assert scan_page(db.engine, claimed(db.engine, collection)) is ScanOutcome.EXHAUSTED
+    assert scan_page(db.engine, claimed(db.engine, collection)).outcome is ScanOutcome.EXHAUSTED
 
     assert work_rows(db.engine, collection) == {}
     row = coordinator(db.engine, collection)

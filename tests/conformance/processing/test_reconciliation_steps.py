@@ -69,7 +69,7 @@ def prepared(db, collection):
 
 def scan_all(db, claim) -> list[ScanOutcome]:
     outcomes = []
-    while (outcome := scan_page(db.engine, claim)) is ScanOutcome.ADVANCED:
+    while (outcome := scan_page(db.engine, claim).outcome) is ScanOutcome.ADVANCED:
         outcomes.append(outcome)
         claim = renew(db.engine, claim)
         assert claim is not None
@@ -179,7 +179,7 @@ def test_a_held_coordinator_is_claim_lost_and_a_waiting_one_is_not_due(db):
 def test_reopen_resumes_a_run_after_a_recorded_failure(db):
     collection = untrusted_collection(db.engine, "articles", entry_ids(3))
     claim = prepared(db, collection)
-    assert scan_page(db.engine, claim) is ScanOutcome.ADVANCED
+    assert scan_page(db.engine, claim).outcome is ScanOutcome.ADVANCED
     assert record_step_failure(db.engine, claim) is ReconciliationOutcome.RETRY
     assert claim_collection(db.engine, collection.id).outcome is ReconciliationOutcome.NOT_DUE
 
@@ -275,7 +275,7 @@ def test_scan_pages_run_under_one_renewed_lease(db):
     claim = prepared(db, collection)
     cursors, expiries = [], []
 
-    while scan_page(db.engine, claim) is ScanOutcome.ADVANCED:
+    while scan_page(db.engine, claim).outcome is ScanOutcome.ADVANCED:
         row = coordinator(db.engine, collection)
         assert (row["state"], row["lease_token"]) == ("leased", claim.lease_token)
         cursors.append(row["scan_cursor"])
@@ -301,8 +301,8 @@ def test_a_lost_lease_is_reported_and_never_written(db):
     successor = claimed(db.engine, collection)
     before = coordinator(db.engine, collection)
 
-    assert scan_page(db.engine, stale) is ScanOutcome.DEFERRED
-    assert source_page(db.engine, stale) is ReconciliationOutcome.CLAIM_LOST
+    assert scan_page(db.engine, stale).outcome is ScanOutcome.DEFERRED
+    assert source_page(db.engine, stale).outcome is ReconciliationOutcome.CLAIM_LOST
     for step in (prepare_run, restart, enter_sources, finalize):
         assert step(db.engine, stale).outcome is ReconciliationOutcome.CLAIM_LOST
     assert release(db.engine, stale, 0) is False
@@ -320,17 +320,84 @@ def test_an_expired_lease_is_not_mistaken_for_an_exhausted_walk(db):
     before = coordinator(db.engine, collection)
 
     # The guarded page reads see nothing once the lease expired, yet nothing is exhausted.
-    assert scan_page(db.engine, claim) is ScanOutcome.DEFERRED
+    assert scan_page(db.engine, claim).outcome is ScanOutcome.DEFERRED
     assert enter_sources(db.engine, claim).outcome is ReconciliationOutcome.CLAIM_LOST
 
     assert coordinator(db.engine, collection) == before
     assert work_rows(db.engine, collection) == {}
 
 
+def test_a_carried_page_reads_nothing_before_it_writes(db, monkeypatch):
+    """Pages after a walk's first start from the claim the previous checkpoint left: the
+    coordinator and the fields are read by the first page and by the page that finds the
+    scan exhausted, not by each page."""
+    collection = untrusted_collection(db.engine, "articles", entry_ids(120))
+    claim = prepared(db, collection)
+    reads = []
+    find = ReconciliationRepository.find_by_identity
+    monkeypatch.setattr(
+        ReconciliationRepository,
+        "find_by_identity",
+        lambda self, *args: reads.append(args) or find(self, *args),
+    )
+
+    paged = scan_page(db.engine, claim)
+    outcomes, cursors = [paged.outcome], [paged.claim.scan_cursor]
+    while paged.outcome is ScanOutcome.ADVANCED:
+        paged = scan_page(db.engine, paged.claim, 60, paged.fields)
+        outcomes.append(paged.outcome)
+        cursors.append(paged.claim.scan_cursor)
+
+    assert outcomes == [ScanOutcome.ADVANCED] * 3 + [ScanOutcome.EXHAUSTED]
+    assert cursors[:3] == ["entry-049", "entry-099", "entry-119"]
+    assert len(reads) == 2
+    row = coordinator(db.engine, collection)
+    assert row["scan_cursor"] == "entry-119"
+    # The carried claim is the row as the last checkpoint left it.
+    assert paged.claim.lease_expires_at == row["lease_expires_at"]
+    assert len(work_rows(db.engine, collection)) == 120
+
+
+def test_a_carried_page_whose_lease_was_taken_over_writes_nothing_and_stops(db):
+    collection = untrusted_collection(db.engine, "articles", entry_ids(120))
+    first = scan_page(db.engine, prepared(db, collection))
+    assert first.outcome is ScanOutcome.ADVANCED
+    expire_lease(db.engine, collection)
+    successor = claimed(db.engine, collection)
+    before = coordinator(db.engine, collection)
+
+    # The page's enqueue and checkpoint are refused by their own guards; nothing was read
+    # before them, and the row read afterwards says why.
+    taken_over = scan_page(db.engine, first.claim, 60, first.fields)
+
+    assert (taken_over.outcome, taken_over.fields) == (ScanOutcome.DEFERRED, None)
+    assert coordinator(db.engine, collection) == before
+    assert sorted(work_rows(db.engine, collection)) == entry_ids(50)
+    assert before["lease_token"] == successor.lease_token
+
+
+def test_a_carried_page_after_a_captured_write_writes_nothing_and_restarts(db):
+    collection = captured_collection(
+        db.engine, "articles", sample_entries("art", 120), MEDIA_FIELDS
+    )
+    first = scan_page(db.engine, prepared(db, collection))
+    assert first.outcome is ScanOutcome.ADVANCED
+    CmsWriter(db.engine).update_entry("articles", "art-e00100", {"title": "edited mid-run"})
+    before = coordinator(db.engine, collection)
+    queued = work_rows(db.engine, collection)
+
+    moved = scan_page(db.engine, first.claim, 60, first.fields)
+
+    assert moved.outcome is ScanOutcome.RESTART_REQUIRED
+    assert coordinator(db.engine, collection) == before
+    # Only the captured entry was queued since: the refused page enqueued nothing.
+    assert set(work_rows(db.engine, collection)) == set(queued) | {"art-e00100"}
+
+
 def test_an_unfinished_scan_is_handed_back_instead_of_entering_sources(db):
     collection = untrusted_collection(db.engine, "articles", entry_ids(60))
     claim = prepared(db, collection)
-    assert scan_page(db.engine, claim) is ScanOutcome.ADVANCED
+    assert scan_page(db.engine, claim).outcome is ScanOutcome.ADVANCED
     for content_id in entry_ids(50):
         assert work_processing.process_work_after_write(db.engine, "articles", content_id)
 
@@ -356,11 +423,11 @@ def test_steps_walk_a_run_from_claim_to_complete_coverage(db):
     assert entered.outcome is ADVANCED and entered.claim.phase == "sources"
     assert enter_sources(db.engine, entered.claim).outcome is ADVANCED  # re-executed
     # 56 canonical sources: the first page holds only entries that still exist.
-    assert source_page(db.engine, entered.claim) is ScanOutcome.ADVANCED
+    assert source_page(db.engine, entered.claim).outcome is ScanOutcome.ADVANCED
     assert work_rows(db.engine, collection) == {}
-    assert source_page(db.engine, entered.claim) is ScanOutcome.ADVANCED
+    assert source_page(db.engine, entered.claim).outcome is ScanOutcome.ADVANCED
     assert sorted(work_rows(db.engine, collection)) == ["gone"]
-    assert source_page(db.engine, entered.claim) is ScanOutcome.EXHAUSTED
+    assert source_page(db.engine, entered.claim).outcome is ScanOutcome.EXHAUSTED
 
     waiting = finalize(db.engine, entered.claim)
     assert waiting.outcome is ReconciliationOutcome.DEFERRED
@@ -368,8 +435,8 @@ def test_steps_walk_a_run_from_claim_to_complete_coverage(db):
     make_due(db.engine, collection)
     claim = claimed(db.engine, collection)
     assert prepare_run(db.engine, claim).outcome is ADVANCED
-    assert scan_page(db.engine, claim) is ScanOutcome.EXHAUSTED
-    assert source_page(db.engine, claim) is ScanOutcome.EXHAUSTED
+    assert scan_page(db.engine, claim).outcome is ScanOutcome.EXHAUSTED
+    assert source_page(db.engine, claim).outcome is ScanOutcome.EXHAUSTED
 
     assert finalize(db.engine, claim).outcome is ReconciliationOutcome.COMPLETED
     assert_complete(db, collection)
@@ -382,13 +449,13 @@ def test_captured_writes_during_a_run_restart_it_and_it_still_completes(db):
     writer = CmsWriter(db.engine)
     claim = prepared(db, collection)
     epoch = claim.target_epoch
-    assert scan_page(db.engine, claim) is ScanOutcome.ADVANCED
+    assert scan_page(db.engine, claim).outcome is ScanOutcome.ADVANCED
 
     writer.update_entry("articles", "art-e00003", {"title": "edited mid-run"})
     writer.insert_entries("articles", sample_entries("art", 2, start=60))
     # One epoch per captured row: the edit and each of the two inserted entries.
     assert coverage(db.engine, collection)["change_epoch"] == epoch + 3
-    assert scan_page(db.engine, claim) is ScanOutcome.RESTART_REQUIRED
+    assert scan_page(db.engine, claim).outcome is ScanOutcome.RESTART_REQUIRED
 
     restarted = restart(db.engine, claim)
     assert (restarted.outcome, restarted.restarted) == (ADVANCED, True)
@@ -411,7 +478,7 @@ def test_a_captured_write_during_the_source_walk_restarts_the_run(db):
     assert entered.claim.phase == "sources"
 
     CmsWriter(db.engine).insert_entry("articles", image_entry("entry-2"))
-    assert source_page(db.engine, entered.claim) is ScanOutcome.RESTART_REQUIRED
+    assert source_page(db.engine, entered.claim).outcome is ScanOutcome.RESTART_REQUIRED
     moved = finalize(db.engine, entered.claim)
     assert (moved.outcome, moved.restarted, moved.claim.phase) == (ADVANCED, True, "scan")
 
@@ -505,10 +572,10 @@ def test_an_invalid_canonical_source_fails_the_run_terminally(db):
         db.engine, canonical_key(collection, "odd"), **of(collection), source_variant="other"
     )
     claim = prepared(db, collection)
-    assert scan_page(db.engine, claim) is ScanOutcome.EXHAUSTED
+    assert scan_page(db.engine, claim).outcome is ScanOutcome.EXHAUSTED
     assert enter_sources(db.engine, claim).outcome is ADVANCED
 
-    assert source_page(db.engine, claim) is ReconciliationOutcome.FAILED
+    assert source_page(db.engine, claim).outcome is ReconciliationOutcome.FAILED
 
     row = coordinator(db.engine, collection)
     assert (row["state"], row["last_error_code"], row["target_epoch"]) == (
@@ -527,10 +594,10 @@ def test_without_media_fields_every_canonical_source_gets_work(db):
         key = canonical_key(collection, content_id)
         insert_source(db.engine, key, **of(collection), content_id=content_id)
     claim = prepared(db, collection)
-    assert scan_page(db.engine, claim) is ScanOutcome.EXHAUSTED
+    assert scan_page(db.engine, claim).outcome is ScanOutcome.EXHAUSTED
     assert enter_sources(db.engine, claim).outcome is ADVANCED
 
-    assert source_page(db.engine, claim) is ScanOutcome.ADVANCED
+    assert source_page(db.engine, claim).outcome is ScanOutcome.ADVANCED
 
     work = work_rows(db.engine, collection)
     assert sorted(work) == ["entry-1", "entry-2", "gone"]
