@@ -104,18 +104,21 @@ def _compile_array_item(element: _TextListItem, compiler, **kw) -> str:
 def text_list_item(values: BindParameter | str, position: ColumnElement) -> ColumnElement[str]:
     """The value at 1-based `position` of the list bound to `values`: a lookup per row where a
     join with the list as a relation would read the whole list for every row."""
-    parameter = text_list_parameter(values) if isinstance(values, str) else values
-    return _TextListItem(position, parameter)
+    return _TextListItem(position, _bound(values))
 
 
 def text_list_parameter(name: str) -> BindParameter:
     return bindparam(name, type_=TextList())
 
 
+def _bound(values: BindParameter | str) -> BindParameter:
+    """A parameter name as a text-list parameter; a `bindparam` as it is."""
+    return text_list_parameter(values) if isinstance(values, str) else values
+
+
 def in_text_list(column: ColumnElement, values: BindParameter | str) -> ColumnElement[bool]:
     """`column` is one of the values bound to `values` (a parameter name or `bindparam`)."""
-    parameter = text_list_parameter(values) if isinstance(values, str) else values
-    return _InTextList(column, parameter)
+    return _InTextList(column, _bound(values))
 
 
 __all__ = ["TextList", "in_text_list", "text_list_item", "text_list_parameter"]
