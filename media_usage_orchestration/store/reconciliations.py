@@ -1276,8 +1276,9 @@ class ReconciliationRepository:
 
     def renew_lease(self, claim: ReconciliationRecord, lease_seconds: int) -> str | None:
         """Beyond the seed: extend a still-live lease held by this token once more than half
-        of it has elapsed, and return its expiry, or None once it expired or moved on. EmDash releases after every page; a
-        Dagster step keeps its claim across pages and renews it between them."""
+        of it has elapsed, and return its expiry, or None once it expired or moved on. EmDash
+        releases after every page; a Dagster step keeps its claim across pages and renews it
+        between them."""
         _require_claim(claim)
         validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
         with single_statement(self.engine) as connection:

@@ -1092,8 +1092,9 @@ class WorkRepository:
         that collection's due rows are candidates. With `while_capture_active` nothing is claimed
         unless capture is active, as EmDash's processor checks before each claim: the UPDATE
         asserts it, so a claim never lands after capture was deactivated, and only a claim that
-        took nothing reads the activation row, to tell inactive (None) from nothing due. The UPDATE is a statement of its own (no transaction
-        block on PostgreSQL), and records are built once it has committed.
+        took nothing reads the activation row, to tell inactive (None) from nothing due. The
+        UPDATE is a statement of its own (no transaction block on PostgreSQL), and records are
+        built once it has committed.
         """
         limit = _due_limit(limit)
         if collection_id is not None:
