@@ -69,7 +69,12 @@ from media_usage_orchestration.store.core.clock import (
     timestamp_offset,
     validate_duration,
 )
-from media_usage_orchestration.store.core.engine import read_transaction, single_statement
+from media_usage_orchestration.store.core.engine import (
+    guarded_writes_together,
+    is_postgres,
+    read_transaction,
+    single_statement,
+)
 from media_usage_orchestration.store.core.id_lists import in_text_list
 from media_usage_orchestration.store.core.leases import (
     LeaseState,
@@ -95,6 +100,7 @@ from media_usage_orchestration.store.core.schema import (
     sources,
     work,
 )
+from media_usage_orchestration.store.work import enqueue_page_parameters, enqueue_page_statement
 from media_usage_orchestration.values.identifiers import (
     content_table_name,
     require_text,
@@ -168,6 +174,14 @@ class SourceCandidate:
     source_key: str
     content_id: str | None
     source_variant: str
+
+
+@dataclass(frozen=True)
+class PageCheckpoint:
+    """What a page written in one go left on the coordinator: its cursor and lease expiry."""
+
+    cursor: str
+    lease_expires_at: str
 
 
 @dataclass(frozen=True)
@@ -510,6 +524,11 @@ _BOUND_CURSOR = bindparam("page_cursor", type_=Text)
 _BOUND_UPPER = bindparam("page_upper", type_=Text)
 
 
+def _page_bounds(previous: str | None, upper: str) -> dict[str, Any]:
+    """A page's bounds, for a statement that reads the page and checkpoints it."""
+    return {"previous_cursor": previous, _BOUND_CURSOR.key: previous, _BOUND_UPPER.key: upper}
+
+
 def _claim_parameters(claim: ReconciliationRecord, **extra: Any) -> dict[str, Any]:
     bound = {
         _BOUND_CLAIM.collection_id.key: claim.collection_id,
@@ -549,37 +568,132 @@ def _renew_statement(lease_seconds: int):
     )
 
 
-@functools.lru_cache(maxsize=16)
-def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool, lease_seconds: int):
-    cursor = (
-        reconciliations.c.scan_cursor
-        if phase is ReconciliationPhase.SCAN
-        else reconciliations.c.source_cursor
-    )
-    # Compare-and-set on the cursor: a replayed or concurrent page cannot move it twice.
+def _page_cursor(phase: ReconciliationPhase) -> Any:
+    if phase is ReconciliationPhase.SCAN:
+        return reconciliations.c.scan_cursor
+    return reconciliations.c.source_cursor
+
+
+def _checkpoint_guards(phase: ReconciliationPhase, has_previous: bool) -> tuple:
+    """A page checkpoint's guards: the claim's lease, its run's epoch and phase, the status
+    it owns, and a compare-and-set on the cursor (`previous_cursor`), so that a replayed or
+    concurrent page cannot move it twice."""
+    cursor = _page_cursor(phase)
     observed = (
         cursor == bindparam("previous_cursor", type_=Text) if has_previous else cursor.is_(None)
     )
     return (
+        _claim_holds_lease(_BOUND_CLAIM),
+        reconciliations.c.target_epoch == _BOUND_EPOCH,
+        reconciliations.c.phase == phase.value,
+        _status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH),
+        observed,
+    )
+
+
+def _checkpoint_update(
+    phase: ReconciliationPhase, has_previous: bool, lease_seconds: int, next_cursor: Any, *also
+):
+    """The page checkpoint: the cursor moves to `next_cursor`, attempts reset, the lease
+    renewed past its half (one write per page for the row), under `_checkpoint_guards` and
+    `also`; returns the cursor and the lease's expiry."""
+    cursor = _page_cursor(phase)
+    return (
         update(reconciliations)
-        .where(
-            _claim_holds_lease(_BOUND_CLAIM),
-            reconciliations.c.target_epoch == _BOUND_EPOCH,
-            reconciliations.c.phase == phase.value,
-            _status_owns_claimed_run(_BOUND_CLAIM, _BOUND_EPOCH),
-            observed,
-        )
+        .where(*_checkpoint_guards(phase, has_previous), *also)
         .values(
             {
-                cursor.key: bindparam("next_cursor", type_=Text),
+                cursor.key: next_cursor,
                 "attempt_count": 0,
                 "last_error_code": None,
-                # The page's checkpoint renews the lease too: one write per page for the row.
                 "lease_expires_at": _renewed_expiry(lease_seconds),
                 "updated_at": now(),
             }
         )
-        .returning(reconciliations.c.lease_expires_at)
+        .returning(cursor, reconciliations.c.lease_expires_at)
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _checkpoint_statement(phase: ReconciliationPhase, has_previous: bool, lease_seconds: int):
+    next_cursor = bindparam("next_cursor", type_=Text)
+    return _checkpoint_update(phase, has_previous, lease_seconds, next_cursor)
+
+
+def _page_relation(dialect_name: str, page: Select, name: str):
+    """A page read inside the statement that writes it: a CTE on PostgreSQL, where the page
+    feeds data-modifying CTEs and is read once; a subquery on SQLite."""
+    return page.cte(name) if dialect_name == "postgresql" else page.subquery(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _write_scan_page_statements(
+    dialect_name: str, collection_slug: str, has_cursor: bool, limit: int, lease_seconds: int
+) -> tuple:
+    """The next scan page enqueued and checkpointed together: on PostgreSQL one statement
+    (the checkpoint a data-modifying CTE, the enqueue another that writes only if the
+    checkpoint did); on SQLite the checkpoint, then the enqueue, in one transaction."""
+    content = _content(collection_slug)
+    bounds = [content.c.id <= _BOUND_UPPER]
+    if has_cursor:
+        bounds.append(content.c.id > _BOUND_CURSOR)
+    read = select(content.c.id.label("content_id")).where(*bounds).order_by(content.c.id)
+    page = _page_relation(dialect_name, read.limit(limit), "scan_page")
+    last = select(func.max(page.c.content_id)).scalar_subquery()
+    not_empty = exists(select(literal(1)).select_from(page))
+    checkpoint = _checkpoint_update(
+        ReconciliationPhase.SCAN,
+        has_cursor,
+        lease_seconds,
+        last,
+        live_claim_exists(_BOUND_CLAIM),
+        not_empty,
+    )
+    if dialect_name != "postgresql":
+        return checkpoint, enqueue_page_statement(dialect_name, page.c.content_id)
+    written = checkpoint.cte("scan_checkpoint")
+    checkpointed = exists(select(literal(1)).select_from(written))
+    enqueue = enqueue_page_statement(dialect_name, page.c.content_id, checkpointed)
+    cursor = written.c.scan_cursor
+    return (select(cursor, written.c.lease_expires_at).add_cte(enqueue.cte("scan_enqueue")),)
+
+
+@functools.lru_cache(maxsize=16)
+def _clean_source_page_statement(
+    dialect_name: str,
+    collection_slug: str,
+    has_cursor: bool,
+    limit: int,
+    lease_seconds: int,
+    variants: tuple[str, ...],
+):
+    """The source page checkpointed, only if each of its sources is valid and its entry's
+    content row exists: a page with nothing to enqueue, the usual one when fields extract."""
+    bounds = [_canonical_sources(_BOUND_CLAIM.collection_id), sources.c.source_key <= _BOUND_UPPER]
+    if has_cursor:
+        bounds.append(sources.c.source_key > _BOUND_CURSOR)
+    read = (
+        select(sources.c.source_key, sources.c.content_id, sources.c.source_variant)
+        .where(*bounds)
+        .order_by(sources.c.source_key)
+    )
+    page = _page_relation(dialect_name, read.limit(limit), "source_page")
+    content = _content(collection_slug)
+    needs_more = or_(
+        page.c.content_id.is_(None),
+        page.c.content_id == "",
+        page.c.source_variant.is_(None),
+        page.c.source_variant.not_in(variants),
+        ~exists(select(literal(1)).where(content.c.id == page.c.content_id)),
+    )
+    return _checkpoint_update(
+        ReconciliationPhase.SOURCES,
+        has_cursor,
+        lease_seconds,
+        select(func.max(page.c.source_key)).scalar_subquery(),
+        live_claim_exists(_BOUND_CLAIM),
+        exists(select(literal(1)).select_from(page)),
+        ~exists(select(literal(1)).select_from(page).where(needs_more)),
     )
 
 
@@ -899,7 +1013,94 @@ class ReconciliationRepository:
             next_cursor=next_cursor,
         )
         with single_statement(self.engine) as connection:
-            return connection.execute(statement, parameters).scalar()
+            row = connection.execute(statement, parameters).first()
+        return row.lease_expires_at if row is not None else None
+
+    def write_scan_page(
+        self,
+        claim: ReconciliationRecord,
+        reconciliation: ReconciliationRecord,
+        limit: int,
+        lease_seconds: int = DEFAULT_LEASE_SECONDS,
+    ) -> PageCheckpoint | None:
+        """Beyond the seed: `find_scan_page`, `enqueue_reconciliation_page` and
+        `checkpoint_scan` for the page after `reconciliation.scan_cursor`, written together
+        (one statement on PostgreSQL, one transaction on SQLite) with every guard of the
+        three. None when nothing was written: the page was empty, or a guard refused."""
+        limit = _page_limit(limit, "scan")
+        _require_claim(claim)
+        epoch = _epoch(reconciliation.target_epoch)
+        previous = _cursor(reconciliation.scan_cursor, "previous cursor")
+        upper = _cursor(reconciliation.scan_upper_id, "scan upper id")
+        validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
+        if upper is None:
+            return None  # nothing to scan: the collection had no media fields
+        parameters = {
+            **_claim_parameters(claim, **{_BOUND_EPOCH.key: epoch}),
+            **_page_bounds(previous, upper),
+            **enqueue_page_parameters(
+                collection_id=claim.collection_id,
+                collection_slug=claim.collection_slug,
+                run_token=claim.run_token,
+                lease_token=claim.lease_token,
+                change_epoch=epoch,
+                phase=ReconciliationPhase.SCAN.value,
+            ),
+        }
+        # One statement on PostgreSQL; on SQLite the checkpoint first, and the enqueue only
+        # if it was written, both in one transaction.
+        together = single_statement if is_postgres(self.engine) else guarded_writes_together
+        with together(self.engine) as connection:
+            statements = _write_scan_page_statements(
+                connection.dialect.name,
+                claim.collection_slug,
+                previous is not None,
+                limit,
+                lease_seconds,
+            )
+            row = connection.execute(statements[0], parameters).first()
+            if row is None:
+                return None
+            for statement in statements[1:]:
+                connection.execute(statement, parameters)
+        return PageCheckpoint(row[0], row[1])
+
+    def checkpoint_clean_source_page(
+        self,
+        claim: ReconciliationRecord,
+        reconciliation: ReconciliationRecord,
+        limit: int,
+        variants: Sequence[str],
+        lease_seconds: int = DEFAULT_LEASE_SECONDS,
+    ) -> PageCheckpoint | None:
+        """Beyond the seed: `find_source_page`, `find_missing_content_ids` and
+        `checkpoint_sources` in one guarded statement, for a page with nothing to enqueue:
+        each source's variant is one of `variants`, its content id set, and its entry's
+        content row exists. None when nothing was written: the page was empty, one of its
+        sources needs more than a checkpoint, or a guard refused."""
+        limit = _page_limit(limit, "source")
+        _require_claim(claim)
+        epoch = _epoch(reconciliation.target_epoch)
+        previous = _cursor(reconciliation.source_cursor, "previous cursor")
+        upper = _cursor(reconciliation.source_upper_key, "source upper key")
+        validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
+        if upper is None:
+            return None  # no canonical source existed when the walk began
+        parameters = {
+            **_claim_parameters(claim, **{_BOUND_EPOCH.key: epoch}),
+            **_page_bounds(previous, upper),
+        }
+        with single_statement(self.engine) as connection:
+            statement = _clean_source_page_statement(
+                connection.dialect.name,
+                claim.collection_slug,
+                previous is not None,
+                limit,
+                lease_seconds,
+                tuple(variants),
+            )
+            row = connection.execute(statement, parameters).first()
+        return PageCheckpoint(row[0], row[1]) if row is not None else None
 
     def restart_run(self, claim: ReconciliationRecord, previous_epoch: int | str) -> int | None:
         """Like `begin_run`, but an "interrupted restart" (this run already moved the epoch past
@@ -1607,6 +1808,7 @@ __all__: Sequence[str] = (
     "ENTRY_FAILED_CODE",
     "Coverage",
     "OperatorRetryResult",
+    "PageCheckpoint",
     "ReconciliationClaim",
     "ReconciliationPhase",
     "ReconciliationRecord",

@@ -640,6 +640,16 @@ def _enqueue_statement(dialect_name: str):
     """`enqueue_reconciliation_page`'s upsert, built once per dialect: the page's ids travel
     as one parameter (a VALUES list would be compiled anew on every page, see `json_rows`),
     the identity, epoch and phase as the `page_*` parameters."""
+    page = _PAGE_ROWS.relation(dialect_name)
+    return enqueue_page_statement(dialect_name, page.c.content_id).returning(work.c.content_id)
+
+
+def enqueue_page_statement(dialect_name: str, content_id: ColumnElement, *also: ColumnElement):
+    """The upsert of a reconciliation page's work rows, one per `content_id` of its FROM (a
+    bound id list, or a page read in the same statement), written only where `also` holds
+    and the run, phase and epoch of the `page_*` parameters own the page. Rows are inserted,
+    or reopened when their epoch is older (version + 1, attempt and lease cleared); rows at
+    the same or a newer epoch are left alone."""
     collection_id = bindparam("page_collection_id", type_=Text)
     collection_slug = bindparam("page_collection_slug", type_=Text)
     epoch = bindparam("page_change_epoch", type_=BigInteger)
@@ -651,12 +661,9 @@ def _enqueue_statement(dialect_name: str):
         change_epoch=epoch,
         phase=bindparam("page_phase", type_=Text),
     )
-    page = _PAGE_ROWS.relation(dialect_name)
-    source = (
-        select(*_new_work_row(collection_id, collection_slug, page.c.content_id, epoch))
-        .select_from(page)
-        # Also the WHERE SQLite needs to parse INSERT ... SELECT ... ON CONFLICT.
-        .where(owns_page)
+    # The WHERE is also what SQLite needs to parse INSERT ... SELECT ... ON CONFLICT.
+    source = select(*_new_work_row(collection_id, collection_slug, content_id, epoch)).where(
+        owns_page, *also
     )
     insert = dialect_insert(dialect_name, work).from_select(_WORK_COLUMNS, source)
     excluded = insert.excluded
@@ -677,7 +684,34 @@ def _enqueue_statement(dialect_name: str):
         },
         # Work already produced at this epoch or a newer one must not be reset.
         where=work.c.change_epoch < excluded.change_epoch,
-    ).returning(work.c.content_id)
+    )
+
+
+def enqueue_page_parameters(
+    *,
+    collection_id: str,
+    collection_slug: str,
+    run_token: str,
+    lease_token: str,
+    change_epoch: int | str,
+    phase: str,
+) -> dict[str, Any]:
+    """The `page_*` parameters of `enqueue_page_statement`, validated: exact identity and
+    lease, a whole epoch, phase `scan` or `sources`."""
+    message = "Reconciliation enqueue requires exact collection and lease identity"
+    for value in (collection_id, collection_slug, run_token, lease_token):
+        require_text(value, message)
+    epoch = _change_epoch(change_epoch)
+    if phase not in RECONCILIATION_PHASES:
+        raise ValueError("Reconciliation enqueue requires phase 'scan' or 'sources'")
+    return {
+        "page_collection_id": collection_id,
+        "page_collection_slug": collection_slug,
+        "page_run_token": run_token,
+        "page_lease_token": lease_token,
+        "page_change_epoch": epoch,
+        "page_phase": str(phase),
+    }
 
 
 def complete_leases(connection: Connection, leases: Sequence[WorkLease]) -> set[tuple[str, str]]:
@@ -752,21 +786,15 @@ class WorkRepository:
         is written unless the caller's reconciliation lease owns this run, phase and epoch.
         Returns how many rows were inserted or reopened (the seed returns nothing).
         """
-        message = "Reconciliation enqueue requires exact collection and lease identity"
-        for value in (collection_id, collection_slug, run_token, lease_token):
-            require_text(value, message)
-        epoch = _change_epoch(change_epoch)
-        if phase not in RECONCILIATION_PHASES:
-            raise ValueError("Reconciliation enqueue requires phase 'scan' or 'sources'")
+        parameters = enqueue_page_parameters(
+            collection_id=collection_id,
+            collection_slug=collection_slug,
+            run_token=run_token,
+            lease_token=lease_token,
+            change_epoch=change_epoch,
+            phase=phase,
+        )
         page_ids = _page_content_ids(content_ids)
-        parameters = {
-            "page_collection_id": collection_id,
-            "page_collection_slug": collection_slug,
-            "page_run_token": run_token,
-            "page_lease_token": lease_token,
-            "page_change_epoch": epoch,
-            "page_phase": str(phase),
-        }
         rows = [{"content_id": content_id} for content_id in page_ids]
         with single_statement(self.engine) as connection:
             dialect_name = connection.dialect.name

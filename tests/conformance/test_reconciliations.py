@@ -1063,3 +1063,136 @@ def test_renew_lease_extends_only_past_half_the_lease(db):
     renewed = repository.renew_lease(claim, 60)
     assert renewed is not None and renewed > short
     assert reconciliation_row(db.engine, collection.id)["lease_expires_at"] == renewed
+
+
+# --- pages written in one go -----------------------------------------------------------------------
+
+
+def test_a_scan_page_is_enqueued_and_checkpointed_in_one_go(db):
+    collection = entries_collection(db)
+    insert_work(db.engine, **of(collection), content_id="entry-001", state="failed", change_epoch=0)
+    insert_work(
+        db.engine, **of(collection), content_id="entry-002", state="failed", change_epoch=99
+    )
+    _collection, claim = seed_and_claim_existing(db, collection)
+    repository = ReconciliationRepository(db.engine)
+    epoch, claim = start_scan(db.engine, claim, "entry-050")
+
+    written = repository.write_scan_page(claim, claim, 50, 60)
+    assert written is not None and written.cursor == "entry-049"
+    row = reconciliation_row(db.engine, collection.id)
+    assert (row["scan_cursor"], row["lease_expires_at"]) == ("entry-049", written.lease_expires_at)
+    work = work_by_id(db, collection)
+    assert sorted(work) == ENTRY_IDS[:50]
+    # The seed's upsert: an older epoch reopened, a newer one left alone.
+    assert (work["entry-001"]["change_epoch"], work["entry-001"]["state"]) == (epoch, "pending")
+    assert (work["entry-002"]["change_epoch"], work["entry-002"]["state"]) == (99, "failed")
+
+    claim = reload_claim(db.engine, claim)
+    assert repository.write_scan_page(claim, claim, 50, 60).cursor == "entry-050"
+    claim = reload_claim(db.engine, claim)
+    before = reconciliation_row(db.engine, collection.id)
+    # The scan's end: an empty page writes nothing.
+    assert repository.write_scan_page(claim, claim, 50, 60) is None
+    assert reconciliation_row(db.engine, collection.id) == before
+    assert count(db.engine, schema.work, collection_id=collection.id) == 51
+
+
+@pytest.mark.parametrize(
+    "refusal", ["stale_lease_token", "expired_lease", "other_epoch", "cursor_moved", "tombstone"]
+)
+def test_a_refused_scan_page_enqueues_nothing(db, refusal):
+    collection, claim = claimed_scan(db)
+    repository = ReconciliationRepository(db.engine)
+    epoch, claim = start_scan(db.engine, claim, "entry-050")
+    page_of = claim
+    if refusal == "stale_lease_token":
+        claim = replace(claim, lease_token="stale-owner")
+    elif refusal == "expired_lease":
+        owned = {"collection_id": collection.id}
+        backdate(db.engine, schema.reconciliations, "lease_expires_at", 1, **owned)
+    elif refusal == "other_epoch":
+        page_of = replace(claim, target_epoch=epoch + 1)
+    elif refusal == "cursor_moved":
+        page_of = replace(claim, scan_cursor="entry-010")
+    else:
+        insert_deletion(db.engine, **of(collection))
+    before = reconciliation_row(db.engine, collection.id)
+
+    assert repository.write_scan_page(claim, page_of, 50, 60) is None
+    assert count(db.engine, schema.work, collection_id=collection.id) == 0
+    assert reconciliation_row(db.engine, collection.id) == before
+
+
+def _walking_sources(db, sources: dict[str, dict]):
+    """Entries with content rows, the given canonical sources, and the claim in its source
+    walk (upper key: the last source)."""
+    collection, claim = claimed_scan(db)
+    for key, overrides in sources.items():
+        insert_source(db.engine, key, **of(collection), **overrides)
+    repository = ReconciliationRepository(db.engine)
+    epoch, claim = start_scan(db.engine, claim, "entry-050")
+    assert repository.transition_to_sources(claim, epoch, FINGERPRINT, max(sources))
+    return collection, reload_claim(db.engine, claim)
+
+
+VARIANTS = ("columns", "draft_overlay")
+
+
+def test_a_clean_source_page_is_checkpointed_in_one_statement(db):
+    sources = {f"content:posts:entry-{n:03d}": {"content_id": f"entry-{n:03d}"} for n in range(4)}
+    sources["content:posts:entry-001:draft"] = {
+        "content_id": "entry-001",
+        "source_variant": "draft_overlay",
+    }
+    collection, claim = _walking_sources(db, sources)
+    repository = ReconciliationRepository(db.engine)
+
+    written = repository.checkpoint_clean_source_page(claim, claim, 3, VARIANTS, 60)
+    assert written is not None and written.cursor == "content:posts:entry-001:draft"
+    claim = reload_claim(db.engine, claim)
+    assert claim.source_cursor == written.cursor
+    assert repository.checkpoint_clean_source_page(claim, claim, 3, VARIANTS, 60).cursor == (
+        "content:posts:entry-003"
+    )
+    claim = reload_claim(db.engine, claim)
+    assert repository.checkpoint_clean_source_page(claim, claim, 3, VARIANTS, 60) is None
+    assert count(db.engine, schema.work, collection_id=collection.id) == 0
+
+
+@pytest.mark.parametrize("unclean", ["content_gone", "no_content_id", "unknown_variant"])
+def test_a_source_page_that_needs_more_than_a_checkpoint_is_left_to_the_full_walk(db, unclean):
+    sources = {f"content:posts:entry-{n:03d}": {"content_id": f"entry-{n:03d}"} for n in range(3)}
+    odd = "content:posts:entry-001x"
+    sources[odd] = {
+        "content_gone": {"content_id": "gone"},
+        "no_content_id": {"content_id": ""},
+        "unknown_variant": {"content_id": "entry-001", "source_variant": "preview"},
+    }[unclean]
+    collection, claim = _walking_sources(db, sources)
+    repository = ReconciliationRepository(db.engine)
+    before = reconciliation_row(db.engine, collection.id)
+
+    assert repository.checkpoint_clean_source_page(claim, claim, 50, VARIANTS, 60) is None
+    assert reconciliation_row(db.engine, collection.id) == before
+    # A page that ends before the odd source is still clean.
+    assert repository.checkpoint_clean_source_page(claim, claim, 2, VARIANTS, 60) is not None
+
+
+@pytest.mark.parametrize("refusal", ["stale_lease_token", "expired_lease", "cursor_moved"])
+def test_a_refused_clean_source_page_moves_nothing(db, refusal):
+    sources = {f"content:posts:entry-{n:03d}": {"content_id": f"entry-{n:03d}"} for n in range(3)}
+    collection, claim = _walking_sources(db, sources)
+    repository = ReconciliationRepository(db.engine)
+    page_of = claim
+    if refusal == "stale_lease_token":
+        claim = replace(claim, lease_token="stale-owner")
+    elif refusal == "expired_lease":
+        owned = {"collection_id": collection.id}
+        backdate(db.engine, schema.reconciliations, "lease_expires_at", 1, **owned)
+    else:
+        page_of = replace(claim, source_cursor="content:posts:entry-000")
+    before = reconciliation_row(db.engine, collection.id)
+
+    assert repository.checkpoint_clean_source_page(claim, page_of, 50, VARIANTS, 60) is None
+    assert reconciliation_row(db.engine, collection.id) == before

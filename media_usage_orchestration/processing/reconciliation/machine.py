@@ -205,27 +205,20 @@ def scan_next_page(
     *,
     guarded_read: bool = True,
 ) -> Paged:
-    """Enqueue the next scan page after `current.scan_cursor` and checkpoint it. Without
-    `guarded_read` the page's ids are read without the claim's guard: its enqueue and
-    checkpoint, in the same transaction, refuse once the lease is lost (then the caller must
-    not take an empty page for the scan's end without looking at the row)."""
+    """Enqueue the next scan page after `current.scan_cursor` and checkpoint it, together:
+    a refused checkpoint enqueues nothing. When nothing was written, the page read says why:
+    an empty page is the scan's end (`exhausted`), anything else a guard that refused
+    (`deferred`). Without `guarded_read` that read is not guarded by the claim (a page seen
+    after the lease was lost is still `deferred`, and the caller must not take an empty page
+    for the scan's end without looking at the row)."""
     if current.field_fingerprint != fields_.fingerprint or current.target_epoch is None:
         return Paged(ScanOutcome.RESTART_REQUIRED, current)
-    # The page's read, enqueue and checkpoint commit together: one commit per page, and a
-    # refused checkpoint takes its enqueue back with it.
-    with guarded_writes_together(engine) as connection:
-        in_page = ReconciliationRepository(connection)
-        content_ids = in_page.find_scan_page(current, PAGE_SIZE, guarded=guarded_read)
-        if not content_ids:
-            return Paged(ScanOutcome.EXHAUSTED, current)
-        _enqueue(connection, claim, current.target_epoch, "scan", content_ids)
-        expiry = in_page.checkpoint_scan(
-            claim, current.target_epoch, current.scan_cursor, content_ids[-1], lease_seconds
-        )
-        if expiry is None:
-            connection.rollback()
-            return Paged(ScanOutcome.DEFERRED, current)
-    return _checkpointed(current, expiry, scan_cursor=content_ids[-1])
+    written = repository.write_scan_page(claim, current, PAGE_SIZE, lease_seconds)
+    if written is not None:
+        return _checkpointed(current, written.lease_expires_at, scan_cursor=written.cursor)
+    if not repository.find_scan_page(current, 1, guarded=guarded_read):
+        return Paged(ScanOutcome.EXHAUSTED, current)
+    return Paged(ScanOutcome.DEFERRED, current)
 
 
 def enter_sources_claimed(
@@ -258,6 +251,13 @@ def source_page_claimed(
     lease_seconds: int = LEASE_DURATION_SECONDS,
 ) -> Paged:
     """Walk the next page of canonical sources after `current.source_cursor` and checkpoint it."""
+    if fields_.extracts:
+        # The usual page: every entry still exists, so only its checkpoint is written.
+        clean = repository.checkpoint_clean_source_page(
+            claim, current, PAGE_SIZE, SOURCE_VARIANTS, lease_seconds
+        )
+        if clean is not None:
+            return _checkpointed(current, clean.lease_expires_at, source_cursor=clean.cursor)
     page = repository.find_source_page(current, PAGE_SIZE)
     if not page:
         return Paged(ScanOutcome.EXHAUSTED, current)
