@@ -31,7 +31,7 @@ partially landed entry, some of its snapshots - each of which a later refresh fi
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,11 +95,21 @@ class _EntryPlan:
         ) and all(item.expected.source_key in written.removed for item in self.removals)
 
 
+# Completes the work of the refreshed entries (their content ids), given the transaction the
+# batch's writes commit in: a completion commits with the writes it reports.
+Completion = Callable[[Any, frozenset[str]], None]
+
+
 def refresh_contents_for_work(
-    engine: Engine, collection_id: str, collection_slug: str, content_ids: Sequence[str]
+    engine: Engine,
+    collection_id: str,
+    collection_slug: str,
+    content_ids: Sequence[str],
+    complete: Completion | None = None,
 ) -> BatchRefreshResult:
     """Bring the entries' canonical sources in line with their content rows in bulk, or defer
-    them. Never raises: a failure defers every entry it could concern."""
+    them; `complete` runs in the writes' transaction with the entries refreshed. Never
+    raises: a failure defers every entry it could concern."""
     if not collection_id:
         raise ValueError("Durable media usage work requires a collection identity")
     ids = list(dict.fromkeys(content_ids))
@@ -108,8 +118,18 @@ def refresh_contents_for_work(
     except Exception:
         logger.exception("Batch media usage refresh of %s could not be planned", collection_slug)
         return BatchRefreshResult(deferred=frozenset(ids))
-    written = _write(engine, collection_id, collection_slug, plans)
-    refreshed = frozenset(plan.content_id for plan in plans if plan.landed(written))
+
+    def refreshed_by(written: BatchWriteResult) -> frozenset[str]:
+        return frozenset(plan.content_id for plan in plans if plan.landed(written))
+
+    def complete_refreshed(connection: Any, written: BatchWriteResult) -> None:
+        complete(connection, refreshed_by(written))
+
+    then = complete_refreshed if complete is not None else None
+    written = _write(engine, collection_id, collection_slug, plans, then)
+    if written is None:
+        return BatchRefreshResult(deferred=frozenset(ids))
+    refreshed = refreshed_by(written)
     return BatchRefreshResult(refreshed, frozenset(ids) - refreshed)
 
 
@@ -266,21 +286,26 @@ def _bindable(snapshot: ContentSource) -> bool:
 
 
 def _write(
-    engine: Engine, collection_id: str, collection_slug: str, plans: Sequence[_EntryPlan]
-) -> BatchWriteResult:
+    engine: Engine,
+    collection_id: str,
+    collection_slug: str,
+    plans: Sequence[_EntryPlan],
+    then: Callable[[Any, BatchWriteResult], None] | None,
+) -> BatchWriteResult | None:
+    """The plans' writes (and `then`, even with nothing to write); None when they failed:
+    nothing of them landed, and their entries take the per-item path, which finds a
+    projection landed by anybody else unchanged."""
     publications = [item for plan in plans for item in plan.publications]
     removals = [item for plan in plans for item in plan.removals]
-    if not publications and not removals:
+    if not publications and not removals and then is None:
         return BatchWriteResult()
     try:
         return write_collection_batch(
-            engine, collection_id, collection_slug, publications, removals
+            engine, collection_id, collection_slug, publications, removals, then
         )
     except Exception:
-        # What landed before the failure is reported as nothing: its entries take the
-        # per-item path, which finds a landed projection unchanged.
         logger.exception("Batch media usage write of %s failed", collection_slug)
-        return BatchWriteResult()
+        return None
 
 
 __all__ = ["BatchRefreshResult", "refresh_contents_for_work"]

@@ -69,7 +69,7 @@ from media_usage_orchestration.store.core.engine import (
     single_statement,
 )
 from media_usage_orchestration.store.registry import read_collection_identity_exists
-from media_usage_orchestration.store.work import WorkRecord, WorkRepository
+from media_usage_orchestration.store.work import WorkRecord, WorkRepository, complete_leases
 
 CANDIDATES_PER_TICK = 4
 JOBS_PER_TICK = 1
@@ -379,30 +379,39 @@ class _Batch:
 
     def in_bulk(self, records: Sequence[WorkRecord]) -> list[WorkOutcome]:
         """One collection's jobs: refresh in bulk, complete what was refreshed in one
-        statement, and process what the bulk refresh deferred one by one."""
+        statement committed with the refresh's writes, and process what the bulk refresh
+        deferred one by one."""
         if self.aged():
             return self.one_by_one(records)
         first = records[0]
+        completed: set[tuple[str, str]] = set()
+
+        def complete(connection, refreshed_ids: frozenset[str]) -> None:
+            leases = [record.lease for record in records if record.content_id in refreshed_ids]
+            completed.update(complete_leases(connection, leases))
+
         refresh = refresh_contents_for_work(
             self.engine,
             first.collection_id,
             first.collection_slug,
             [record.content_id for record in records],
+            complete,
         )
         refreshed = [record for record in records if record.content_id in refresh.refreshed]
         deferred = [record for record in records if record.content_id not in refresh.refreshed]
-        return self.complete(refreshed) + self.one_by_one(deferred)
+        return self.succeeded(refreshed, completed) + self.one_by_one(deferred)
 
-    def complete(self, records: Sequence[WorkRecord]) -> list[WorkOutcome]:
-        """`process_claimed`'s success branch for every refreshed job at once: one guarded
-        completion statement, then the collection's incremental success once.
+    def succeeded(
+        self, records: Sequence[WorkRecord], completed: set[tuple[str, str]]
+    ) -> list[WorkOutcome]:
+        """`process_claimed`'s success branch for every refreshed job at once: the
+        collection's incremental success once, when any was completed.
 
-        Two transactions, as one by one: a capture trigger locks the status row before the
-        work row, so a transaction holding completed work rows must not wait for the status
-        row (a deadlock on PostgreSQL)."""
+        In a transaction of its own: a capture trigger locks the status row before the work
+        row, so a transaction holding completed work rows must not wait for the status row
+        (a deadlock on PostgreSQL)."""
         if not records:
             return []
-        completed = self.repository.complete_work_batch([record.lease for record in records])
         if completed:
             first = records[0]
             status_store.record_incremental_success(

@@ -178,10 +178,12 @@ class SourceCandidate:
 
 @dataclass(frozen=True)
 class PageCheckpoint:
-    """What a page written in one go left on the coordinator: its cursor and lease expiry."""
+    """What a page written in one go left on the coordinator (its cursor and lease expiry)
+    and how many work rows it inserted or reopened."""
 
     cursor: str
     lease_expires_at: str
+    enqueued: int = 0
 
 
 @dataclass(frozen=True)
@@ -650,12 +652,14 @@ def _write_scan_page_statements(
         not_empty,
     )
     if dialect_name != "postgresql":
-        return checkpoint, enqueue_page_statement(dialect_name, page.c.content_id)
+        enqueue = enqueue_page_statement(dialect_name, page.c.content_id)
+        return checkpoint, enqueue.returning(work.c.content_id)
     written = checkpoint.cte("scan_checkpoint")
     checkpointed = exists(select(literal(1)).select_from(written))
     enqueue = enqueue_page_statement(dialect_name, page.c.content_id, checkpointed)
-    cursor = written.c.scan_cursor
-    return (select(cursor, written.c.lease_expires_at).add_cte(enqueue.cte("scan_enqueue")),)
+    enqueued = enqueue.returning(work.c.content_id).cte("scan_enqueue")
+    count_enqueued = select(func.count()).select_from(enqueued).scalar_subquery()
+    return (select(written.c.scan_cursor, written.c.lease_expires_at, count_enqueued),)
 
 
 @functools.lru_cache(maxsize=16)
@@ -1061,9 +1065,10 @@ class ReconciliationRepository:
             row = connection.execute(statements[0], parameters).first()
             if row is None:
                 return None
-            for statement in statements[1:]:
-                connection.execute(statement, parameters)
-        return PageCheckpoint(row[0], row[1])
+            if len(statements) == 1:
+                return PageCheckpoint(*row)
+            enqueued = connection.execute(statements[1], parameters).all()
+        return PageCheckpoint(row[0], row[1], len(enqueued))
 
     def checkpoint_clean_source_page(
         self,

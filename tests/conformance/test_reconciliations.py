@@ -1080,6 +1080,8 @@ def test_a_scan_page_is_enqueued_and_checkpointed_in_one_go(db):
 
     written = repository.write_scan_page(claim, claim, 50, 60)
     assert written is not None and written.cursor == "entry-049"
+    # Inserted or reopened, as the seed's enqueue counts them: not entry-002.
+    assert written.enqueued == 49
     row = reconciliation_row(db.engine, collection.id)
     assert (row["scan_cursor"], row["lease_expires_at"]) == ("entry-049", written.lease_expires_at)
     work = work_by_id(db, collection)
@@ -1089,7 +1091,8 @@ def test_a_scan_page_is_enqueued_and_checkpointed_in_one_go(db):
     assert (work["entry-002"]["change_epoch"], work["entry-002"]["state"]) == (99, "failed")
 
     claim = reload_claim(db.engine, claim)
-    assert repository.write_scan_page(claim, claim, 50, 60).cursor == "entry-050"
+    second = repository.write_scan_page(claim, claim, 50, 60)
+    assert (second.cursor, second.enqueued) == ("entry-050", 1)
     claim = reload_claim(db.engine, claim)
     before = reconciliation_row(db.engine, collection.id)
     # The scan's end: an empty page writes nothing.

@@ -301,16 +301,6 @@ def single_statement(engine: Engine) -> Iterator[Connection]:
 
 
 @contextlib.contextmanager
-def independent_statements(engine: Engine) -> Iterator[Connection]:
-    """For writes that are each atomic by themselves, each with its guard in its own WHERE
-    clause, and need no isolation from one another: on PostgreSQL each commits on its own, so
-    no transaction stays open between them (nor across the client's work between them);
-    SQLite runs them in one `BEGIN IMMEDIATE` transaction (one write lock, one commit)."""
-    with _without_transaction_block_on_postgres(engine, read_only=False) as connection:
-        yield connection
-
-
-@contextlib.contextmanager
 def guarded_writes_together(engine: Engine) -> Iterator[Connection]:
     """A transaction for a few guarded statements that commit together (one commit, where each
     would pay its own): repositories constructed on this connection run their reads and
@@ -410,7 +400,6 @@ __all__ = [
     "compact_json",
     "create_database_engine",
     "default_database_url",
-    "independent_statements",
     "is_missing_table",
     "is_postgres",
     "is_transient_database_error",

@@ -2,10 +2,10 @@
 
 The single-row protocol (`source_writes.SourceRepository`) writes each source in transactions
 of its own; `write_collection_batch` writes a batch in a fixed number of statements, with the
-rows bound as JSON relations (`JsonRows`): the write leases, the occurrences, the new and the
-changed sources and the lease release one statement each, the removals in one transaction.
-No transaction stays open while the rows are built, and none relies on isolation between its
-statements: each write carries its guards. The single-row functions and methods that the
+rows bound as JSON relations (`JsonRows`): the write leases in a statement of their own, then
+the occurrences, the new and the changed sources, the lease release and the removals in one
+transaction. No transaction stays open while the rows are built, and none relies on isolation
+between its statements: each write carries its guards. The single-row functions and methods that the
 docstrings below name are those of `source_writes`.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +37,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from media_usage_orchestration.store.core.clock import lease_live_at_clock, timestamp_offset
-from media_usage_orchestration.store.core.engine import independent_statements, single_statement
+from media_usage_orchestration.store.core.engine import guarded_writes_together, single_statement
 from media_usage_orchestration.store.core.id_lists import in_text_list
 from media_usage_orchestration.store.core.json_rows import JsonRows
 from media_usage_orchestration.store.core.predicates import registry_identity_is_current
@@ -109,19 +109,21 @@ def write_collection_batch(
     collection_slug: str,
     publications: Sequence[Publication],
     removals: Sequence[Removal] = (),
+    then: Callable[[Connection, BatchWriteResult], None] | None = None,
 ) -> BatchWriteResult:
     """`replace_source_if_matching` and the guarded deletes for many canonical sources of
     one collection, in a fixed number of statements: every row keeps its own guards (its
     write lease, its expected columns, its content row), so each row lands or not exactly as
     it would alone.
 
-    Nothing relies on isolation between statements, only on the guards each one carries:
-    the write leases are taken in a statement of their own (as one by one), the rows are
-    then built and bound with no transaction open, the occurrences and each kind of source
-    write are statements of their own (on PostgreSQL each commits by itself), the leases are
-    released, and the removals run in one transaction (as `_delete_source`). Occurrences may
-    thus commit before their source's write: a generation whose write loses is left behind
-    under its write lease either way, an abandoned generation for the projection GC."""
+    The write leases are taken in a statement of their own (as one by one) and the rows
+    built and bound with no transaction open. Then one transaction writes the occurrences,
+    each kind of source write, the lease release and the removals (as `_delete_source`),
+    and runs `then` with what landed (the work's completion, which must commit with the
+    writes it reports). Nothing relies on isolation between those statements, only on the
+    guards each one carries; committing them together spares a commit per statement, and a
+    generation can no longer be seen before its source's write. Should the transaction
+    fail, nothing of it landed and the leases are released on their own."""
     require_text(collection_id, "Media usage batch writes require a collection ID")
     _require_batch_members(collection_id, collection_slug, publications, removals)
     identity = {
@@ -129,35 +131,20 @@ def write_collection_batch(
         _BATCH_COLLECTION_SLUG.key: collection_slug,
     }
     leased = _take_write_leases(engine, identity, _Prepared.all_of(publications))
+    bound = _BoundPublications.of(engine.dialect.name, leased) if leased else None
     try:
-        published = _publish(engine, collection_slug, identity, leased)
-    finally:
+        with guarded_writes_together(engine) as connection:
+            batch = _CollectionBatch(connection, collection_slug, identity)
+            published = batch.publish(bound) if bound is not None else frozenset()
+            _release_in(connection, leased)
+            ready = [removal for removal in removals if removal.after <= published]
+            result = BatchWriteResult(published, batch.remove(ready) if ready else frozenset())
+            if then is not None:
+                then(connection, result)
+    except BaseException:
         _release_write_leases(engine, leased)
-    ready = [removal for removal in removals if removal.after <= published]
-    removed = _remove(engine, collection_slug, identity, ready)
-    return BatchWriteResult(published, removed)
-
-
-def _publish(
-    engine: Engine, collection_slug: str, identity: Mapping[str, str], leased: list[_Prepared]
-) -> frozenset[str]:
-    """The leased publications: their rows built and bound first, then the occurrences and
-    the guarded source writes, each statement on its own (`independent_statements`)."""
-    if not leased:
-        return frozenset()
-    bound = _BoundPublications.of(engine.dialect.name, leased)
-    with independent_statements(engine) as connection:
-        return _CollectionBatch(connection, collection_slug, identity).publish(bound)
-
-
-def _remove(
-    engine: Engine, collection_slug: str, identity: Mapping[str, str], ready: list[Removal]
-) -> frozenset[str]:
-    """The guarded deletes in one transaction (`_delete_source`)."""
-    if not ready:
-        return frozenset()
-    with engine.begin() as connection:
-        return _CollectionBatch(connection, collection_slug, identity).remove(ready)
+        raise
+    return result
 
 
 # --- guards -----------------------------------------------------------------------------------
@@ -295,7 +282,7 @@ def _batch_identity_is_current_and_held(dialect_name: str) -> ColumnElement[bool
 
 
 def _publication_guard(dialect_name: str, collection_slug: str, rows) -> ColumnElement[bool]:
-    """`_publish`'s guard for each row: its live write lease, the collection identity (its
+    """The publication guard of each row: its live write lease, the collection identity (its
     registry row held), and its content row still as snapshotted."""
     return and_(
         _rows_write_lease_is_live(rows),
@@ -471,14 +458,20 @@ _RELEASE_WRITE_LEASES = delete(generation_writes).where(
 )
 
 
-def _release_write_leases(engine: Engine, leased: Sequence[_Prepared]) -> None:
+def _release_in(connection: Connection, leased: Sequence[_Prepared]) -> None:
     """`_release_write_lease` for every lease of the batch in one statement."""
+    if leased:
+        tokens = [item.lease_token for item in leased]
+        connection.execute(_RELEASE_WRITE_LEASES, {"lease_tokens": tokens})
+
+
+def _release_write_leases(engine: Engine, leased: Sequence[_Prepared]) -> None:
+    """The batch's leases released on their own, after its transaction failed."""
     if not leased:
         return
-    tokens = [item.lease_token for item in leased]
     try:
         with single_statement(engine) as connection:
-            connection.execute(_RELEASE_WRITE_LEASES, {"lease_tokens": tokens})
+            _release_in(connection, leased)
     except SQLAlchemyError:
         # An unreleased lease only delays GC of these generations until it expires.
         logger.exception("Failed to release media usage generation write leases")

@@ -3,8 +3,8 @@
 (a) Content written through the CMS by another thread and connection while the job pages:
     every captured write moves the status epoch, so the run restarts its scan, and the index
     it finally trusts equals the content.
-(b) A run process SIGKILLed in the middle of its scan, between enqueueing a page and
-    checkpointing it: a later run takes the coordinator once its lease has expired (moved by
+(b) A run process SIGKILLed in the middle of its scan, while the statement that enqueues and
+    checkpoints a page is in flight: a later run takes the coordinator once its lease has expired (moved by
     backdating, never by waiting) and resumes from the checkpoint at the same epoch. No page
     is lost, none is enqueued again, every entry is processed exactly once.
 """
@@ -14,10 +14,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 import dagster as dg
 import pytest
+from sqlalchemy import select, text
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import (
@@ -27,6 +29,7 @@ from media_usage_orchestration.emdash_double.sample_content import (
 from media_usage_orchestration.processing.reconciliation import model, steps
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
+from media_usage_orchestration.store.reconciliations import ReconciliationRepository
 from media_usage_orchestration.store.work import WorkRepository
 from tests.support.reconciliation_runs import (
     COMPLETE_RUN,
@@ -62,24 +65,42 @@ class Enqueued:
     changed: int
 
 
-def record_enqueued_pages(monkeypatch, on_page=None) -> list[Enqueued]:
-    """Write down every reconciliation page enqueued in this process (and what it changed);
-    `on_page(record, pages)` runs after each page is committed, before its checkpoint."""
+def record_enqueued_pages(monkeypatch) -> list[Enqueued]:
+    """Write down every reconciliation page enqueued in this process and what it changed: a
+    scan page (enqueued and checkpointed in one go) once written, with the ids between its
+    cursors; a source page's enqueue once run."""
     pages: list[Enqueued] = []
     enqueue = WorkRepository.enqueue_reconciliation_page
+    write_scan_page = ReconciliationRepository.write_scan_page
 
     def recorded(self, **page):
         changed = enqueue(self, **page)
-        record = Enqueued(
-            page["phase"], tuple(page["content_ids"]), int(page["change_epoch"]), changed
-        )
-        pages.append(record)
-        if on_page is not None:
-            on_page(record, pages)
+        epoch = int(page["change_epoch"])
+        pages.append(Enqueued(page["phase"], tuple(page["content_ids"]), epoch, changed))
         return changed
 
+    def recorded_scan(self, claim, reconciliation, *args, **kwargs):
+        written = write_scan_page(self, claim, reconciliation, *args, **kwargs)
+        if written is not None:
+            ids = content_ids_between(
+                self.engine, claim.collection_slug, reconciliation.scan_cursor, written.cursor
+            )
+            epoch = int(reconciliation.target_epoch)
+            pages.append(Enqueued("scan", ids, epoch, written.enqueued))
+        return written
+
     monkeypatch.setattr(WorkRepository, "enqueue_reconciliation_page", recorded)
+    monkeypatch.setattr(ReconciliationRepository, "write_scan_page", recorded_scan)
     return pages
+
+
+def content_ids_between(engine, slug: str, after: str | None, last: str) -> tuple[str, ...]:
+    content = schema.content_table(slug)
+    statement = select(content.c.id).where(content.c.id <= last).order_by(content.c.id)
+    if after:
+        statement = statement.where(content.c.id > after)
+    with engine.connect() as connection:
+        return tuple(connection.execute(statement).scalars())
 
 
 # --- (a) content writes during a run ------------------------------------------------------------
@@ -196,23 +217,25 @@ import sys
 import dagster as dg
 
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.reconciliations import ReconciliationRepository
 
-slug, stop_after = sys.argv[1], int(sys.argv[2])
-enqueue = WorkRepository.enqueue_reconciliation_page
+slug, killed_page = sys.argv[1], int(sys.argv[2])
+write_scan_page = ReconciliationRepository.write_scan_page
 pages = []
 
 
-def announced(self, **page):
-    changed = enqueue(self, **page)
-    pages.append(page["content_ids"][-1])
-    print(f"ENQUEUED {page['phase']} {len(pages)} {pages[-1]} {changed}", flush=True)
-    if len(pages) == stop_after:
-        sys.stdin.readline()  # enqueued, its page not committed: the parent kills us here
-    return changed
+def announced(self, claim, reconciliation, *args, **kwargs):
+    if len(pages) + 1 == killed_page:
+        print("PAUSED", flush=True)
+        sys.stdin.readline()  # the parent holds the coordinator row: this page's write waits
+    written = write_scan_page(self, claim, reconciliation, *args, **kwargs)
+    if written is not None:
+        pages.append(written.cursor)
+        print(f"WRITTEN scan {len(pages)} {written.cursor} {written.enqueued}", flush=True)
+    return written
 
 
-WorkRepository.enqueue_reconciliation_page = announced
+ReconciliationRepository.write_scan_page = announced
 instance = dg.DagsterInstance.ephemeral()
 instance.add_dynamic_partitions("media_usage_collections", [slug])
 defs.resolve_job_def("media_usage_reconciliation").execute_in_process(
@@ -220,42 +243,78 @@ defs.resolve_job_def("media_usage_reconciliation").execute_in_process(
 )
 """
 
+# The backend blocked by the given session's locks (the killed run's page write).
+_BLOCKED_BACKEND = text(
+    "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+)
 
-def _kill_mid_scan(url: str, log_path) -> list[str]:
-    """Run the job in its own process and SIGKILL it once it has enqueued page
-    KILL_AFTER_PAGE (in the page's transaction, before its checkpoint); returns what it
-    printed."""
+
+def _kill_mid_scan(url: str, collection_id: str, log_path) -> list[str]:
+    """Run the job in its own process and SIGKILL it while the write of its scan page
+    KILL_AFTER_PAGE is in flight (blocked on the coordinator row, which this test holds), its
+    server session terminated as a dead client's would be; returns what it printed."""
     lines: list[str] = []
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-c", _KILLABLE_RUN, "articles", str(KILL_AFTER_PAGE)],
-            cwd=PROJECT_ROOT,
-            env={**os.environ, DATABASE_URL_ENV: url},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-        timer = threading.Timer(READY_TIMEOUT_SECONDS, process.kill)
-        timer.start()
-        try:
-            for line in process.stdout:
-                if line.startswith("ENQUEUED "):
-                    lines.append(line.strip())
-                if len(lines) == KILL_AFTER_PAGE:
-                    os.kill(process.pid, signal.SIGKILL)
-                    break
-        finally:
-            timer.cancel()
-            if process.poll() is None and len(lines) < KILL_AFTER_PAGE:
-                process.kill()
-            returncode = process.wait(timeout=30)
-            process.stdout.close()
-            process.stdin.close()
+    engine = create_database_engine(url)
+    holder = engine.connect()
+    try:
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _KILLABLE_RUN, "articles", str(KILL_AFTER_PAGE)],
+                cwd=PROJECT_ROOT,
+                env={**os.environ, DATABASE_URL_ENV: url},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+            timer = threading.Timer(READY_TIMEOUT_SECONDS, process.kill)
+            timer.start()
+            try:
+                for line in process.stdout:
+                    if line.startswith("WRITTEN "):
+                        lines.append(line.strip())
+                    if line.startswith("PAUSED"):
+                        _hold_coordinator(holder, collection_id)
+                        process.stdin.write("\n")
+                        process.stdin.flush()
+                        blocked = _wait_for_blocked_backend(holder)
+                        os.kill(process.pid, signal.SIGKILL)
+                        holder.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": blocked})
+                        break
+            finally:
+                timer.cancel()
+                if process.poll() is None:
+                    process.kill()
+                returncode = process.wait(timeout=30)
+                process.stdout.close()
+                process.stdin.close()
+    finally:
+        holder.rollback()
+        holder.close()
+        engine.dispose()
     log_tail = log_path.read_text()[-3000:]
-    assert len(lines) == KILL_AFTER_PAGE, (lines, log_tail)
+    assert len(lines) == KILL_AFTER_PAGE - 1, (lines, log_tail)
     assert returncode == -signal.SIGKILL, (returncode, log_tail)
     return lines
+
+
+def _hold_coordinator(connection, collection_id: str) -> None:
+    table = schema.reconciliations
+    connection.execute(
+        select(table.c.collection_id)
+        .where(table.c.collection_id == collection_id)
+        .with_for_update()
+    )
+
+
+def _wait_for_blocked_backend(connection) -> int:
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        blocked = connection.execute(_BLOCKED_BACKEND).scalar()
+        if blocked is not None:
+            return blocked
+        time.sleep(0.05)
+    raise AssertionError("the run's page write never waited on the coordinator row")
 
 
 def test_a_run_killed_mid_scan_is_resumed_from_its_checkpoint_after_its_lease_expires(
@@ -267,11 +326,11 @@ def test_a_run_killed_mid_scan_is_resumed_from_its_checkpoint_after_its_lease_ex
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles"])
 
-        printed = _kill_mid_scan(db.url, tmp_path / "killed_run.log")
+        printed = _kill_mid_scan(db.url, articles.id, tmp_path / "killed_run.log")
 
         assert printed == [
-            f"ENQUEUED scan {page} {ids[page * PAGE - 1]} {PAGE}"
-            for page in range(1, KILL_AFTER_PAGE + 1)
+            f"WRITTEN scan {page} {ids[page * PAGE - 1]} {PAGE}"
+            for page in range(1, KILL_AFTER_PAGE)
         ]
         dead = one(db.engine, schema.reconciliations, collection_id=articles.id)
         epoch = dead["target_epoch"]
@@ -279,7 +338,7 @@ def test_a_run_killed_mid_scan_is_resumed_from_its_checkpoint_after_its_lease_ex
         assert dead["scan_cursor"] == ids[(KILL_AFTER_PAGE - 1) * PAGE - 1]
         assert status_row(db.engine, "articles")["change_epoch"] == epoch
         enqueued = all_rows(db.engine, schema.work, collection_id=articles.id)
-        # The killed page's enqueue died with its transaction, before its checkpoint.
+        # The killed page's enqueue died with its statement, as its checkpoint did.
         assert sorted(row["content_id"] for row in enqueued) == ids[: (KILL_AFTER_PAGE - 1) * PAGE]
         assert {(row["change_epoch"], row["work_version"], row["state"]) for row in enqueued} == {
             (epoch, 1, "pending")

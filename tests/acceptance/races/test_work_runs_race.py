@@ -82,17 +82,19 @@ def _install_ledger(path: str):
     WorkRepository.claim_work = claim_work
     WorkRepository.complete_work = complete_work
 
-    complete_batch = getattr(WorkRepository, "complete_work_batch", None)
-    if complete_batch is not None:  # the bulk path: many leases, one statement
+    # The bulk path completes many leases in one statement, in its writes' transaction.
+    from media_usage_orchestration.processing import work as work_processing
 
-        def complete_work_batch(self, leases):
-            completed = complete_batch(self, leases)
-            for lease in leases:
-                done = (lease.collection_id, lease.content_id) in completed
-                _record(ledger, "complete", lease, result=done, bulk=True)
-            return completed
+    complete_in_bulk = work_processing.complete_leases
 
-        WorkRepository.complete_work_batch = complete_work_batch
+    def complete_leases(connection, leases):
+        completed = complete_in_bulk(connection, leases)
+        for lease in leases:
+            done = (lease.collection_id, lease.content_id) in completed
+            _record(ledger, "complete", lease, result=done, bulk=True)
+        return completed
+
+    work_processing.complete_leases = complete_leases
 
 
 def _work_process(url: str, collection_id: str, ledger_path: str, summary_path: str, start) -> None:

@@ -15,7 +15,6 @@ from media_usage_orchestration.store.core import engine as engine_module
 from media_usage_orchestration.store.core.engine import (
     APPLICATION_NAME,
     create_database_engine,
-    independent_statements,
     read_transaction,
     single_statement,
 )
@@ -97,13 +96,7 @@ def test_reads_and_single_statements_run_without_a_transaction_block_on_postgres
         connection.execute(
             text("UPDATE _emdash_media_usage_activation SET updated_at = updated_at")
         )
-    with independent_statements(db.engine) as connection:
-        writes_autocommit = _autocommit(connection)
-        for _ in range(2):
-            connection.execute(
-                text("UPDATE _emdash_media_usage_activation SET updated_at = updated_at")
-            )
-    assert read_autocommit is write_autocommit is writes_autocommit is db.is_postgres
+    assert read_autocommit is write_autocommit is db.is_postgres
 
 
 def test_the_pooled_connection_returns_to_transactions_after_a_single_statement(db):

@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 
 from media_usage_orchestration.emdash_double.cms_writer import (
     CmsWriter,
@@ -16,6 +16,7 @@ from media_usage_orchestration.emdash_double.cms_writer import (
     FieldSpec,
     SubField,
 )
+from media_usage_orchestration.processing import work as work_processing
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
 from media_usage_orchestration.store.core import schema
@@ -36,7 +37,7 @@ from tests.support.projection import (
     work_count,
     work_for,
 )
-from tests.support.states import backdate, recorded_statements
+from tests.support.states import all_rows, backdate, count, recorded_statements
 from tests.support.triggers import create_trigger
 
 POSTS_ID = "01J0POSTS0000000000000000A"
@@ -292,6 +293,37 @@ def test_a_write_that_loses_its_guard_in_bulk_takes_the_per_item_path(db):
     )
     second = process_due_batch(db.engine, 50)
     assert (second.counts.claimed, second.counts.completed) == (1, 1)
+    assert not verify_index(db.engine).has_drift
+
+
+def test_a_completion_that_fails_takes_the_batch_writes_back_with_it(db, monkeypatch):
+    posts = active_collection(db.engine, "posts", FIELDS)
+    for content_id in ("entry-1", "entry-2"):
+        insert_entry(db.engine, "posts", content_id, f"media-{content_id}")
+    seen: dict[str, int] = {}
+    complete_leases = work_processing.complete_leases
+
+    def fail_inside_the_writes(connection, leases):
+        # What the batch wrote so far is visible inside its own transaction only.
+        seen["occurrences"] = connection.execute(
+            select(func.count()).select_from(schema.occurrences)
+        ).scalar()
+        monkeypatch.setattr(work_processing, "complete_leases", complete_leases)
+        raise RuntimeError("the completion failed")
+
+    monkeypatch.setattr(work_processing, "complete_leases", fail_inside_the_writes)
+    result = process_due_batch(db.engine, 50)
+
+    # The bulk writes were taken back with the completion: no generation of the bulk write
+    # survives and its write leases were released; the per-item path then did the work.
+    assert seen["occurrences"] > 0
+    assert (result.counts.claimed, result.counts.completed) == (2, 2)
+    assert count(db.engine, schema.generation_writes) == 0
+    generations = {row["generation"] for row in all_rows(db.engine, schema.occurrences)}
+    current = {row["current_generation"] for row in all_rows(db.engine, schema.sources)}
+    assert generations == current
+    assert find_source(db.engine, canonical_key(posts, "entry-2")) is not None
+    assert work_count(db.engine) == 0
     assert not verify_index(db.engine).has_drift
 
 
