@@ -526,9 +526,41 @@ _BOUND_CURSOR = bindparam("page_cursor", type_=Text)
 _BOUND_UPPER = bindparam("page_upper", type_=Text)
 
 
-def _page_bounds(previous: str | None, upper: str) -> dict[str, Any]:
-    """A page's bounds, for a statement that reads the page and checkpoints it."""
-    return {"previous_cursor": previous, _BOUND_CURSOR.key: previous, _BOUND_UPPER.key: upper}
+@dataclass(frozen=True)
+class _PageWrite:
+    """A page to read and checkpoint in one go: its validated size, whether the walk has a
+    cursor yet, and the statement's claim, epoch and bound parameters."""
+
+    limit: int
+    has_previous: bool
+    parameters: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls,
+        claim: ReconciliationRecord,
+        reconciliation: ReconciliationRecord,
+        phase: ReconciliationPhase,
+        limit: int,
+        lease_seconds: int,
+    ) -> Self | None:
+        """None when the walk has no upper bound: nothing to walk."""
+        scan = phase is ReconciliationPhase.SCAN
+        limit = _page_limit(limit, "scan" if scan else "source")
+        _require_claim(claim)
+        epoch = _epoch(reconciliation.target_epoch)
+        validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
+        if scan:
+            previous, upper = reconciliation.scan_cursor, reconciliation.scan_upper_id
+        else:
+            previous, upper = reconciliation.source_cursor, reconciliation.source_upper_key
+        previous = _cursor(previous, "previous cursor")
+        upper = _cursor(upper, "page upper bound")
+        if upper is None:
+            return None
+        bounds = {"previous_cursor": previous, _BOUND_CURSOR.key: previous, _BOUND_UPPER.key: upper}
+        parameters = _claim_parameters(claim, **{_BOUND_EPOCH.key: epoch}, **bounds)
+        return cls(limit, previous is not None, parameters)
 
 
 def _claim_parameters(claim: ReconciliationRecord, **extra: Any) -> dict[str, Any]:
@@ -1031,23 +1063,17 @@ class ReconciliationRepository:
         `checkpoint_scan` for the page after `reconciliation.scan_cursor`, written together
         (one statement on PostgreSQL, one transaction on SQLite) with every guard of the
         three. None when nothing was written: the page was empty, or a guard refused."""
-        limit = _page_limit(limit, "scan")
-        _require_claim(claim)
-        epoch = _epoch(reconciliation.target_epoch)
-        previous = _cursor(reconciliation.scan_cursor, "previous cursor")
-        upper = _cursor(reconciliation.scan_upper_id, "scan upper id")
-        validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
-        if upper is None:
+        page = _PageWrite.of(claim, reconciliation, ReconciliationPhase.SCAN, limit, lease_seconds)
+        if page is None:
             return None  # nothing to scan: the collection had no media fields
         parameters = {
-            **_claim_parameters(claim, **{_BOUND_EPOCH.key: epoch}),
-            **_page_bounds(previous, upper),
+            **page.parameters,
             **enqueue_page_parameters(
                 collection_id=claim.collection_id,
                 collection_slug=claim.collection_slug,
                 run_token=claim.run_token,
                 lease_token=claim.lease_token,
-                change_epoch=epoch,
+                change_epoch=page.parameters[_BOUND_EPOCH.key],
                 phase=ReconciliationPhase.SCAN.value,
             ),
         }
@@ -1058,8 +1084,8 @@ class ReconciliationRepository:
             statements = _write_scan_page_statements(
                 connection.dialect.name,
                 claim.collection_slug,
-                previous is not None,
-                limit,
+                page.has_previous,
+                page.limit,
                 lease_seconds,
             )
             row = connection.execute(statements[0], parameters).first()
@@ -1083,28 +1109,20 @@ class ReconciliationRepository:
         each source's variant is one of `variants`, its content id set, and its entry's
         content row exists. None when nothing was written: the page was empty, one of its
         sources needs more than a checkpoint, or a guard refused."""
-        limit = _page_limit(limit, "source")
-        _require_claim(claim)
-        epoch = _epoch(reconciliation.target_epoch)
-        previous = _cursor(reconciliation.source_cursor, "previous cursor")
-        upper = _cursor(reconciliation.source_upper_key, "source upper key")
-        validate_duration(lease_seconds, "Reconciliation lease duration", allow_zero=False)
-        if upper is None:
+        phase = ReconciliationPhase.SOURCES
+        page = _PageWrite.of(claim, reconciliation, phase, limit, lease_seconds)
+        if page is None:
             return None  # no canonical source existed when the walk began
-        parameters = {
-            **_claim_parameters(claim, **{_BOUND_EPOCH.key: epoch}),
-            **_page_bounds(previous, upper),
-        }
         with single_statement(self.engine) as connection:
             statement = _clean_source_page_statement(
                 connection.dialect.name,
                 claim.collection_slug,
-                previous is not None,
-                limit,
+                page.has_previous,
+                page.limit,
                 lease_seconds,
                 tuple(variants),
             )
-            row = connection.execute(statement, parameters).first()
+            row = connection.execute(statement, page.parameters).first()
         return PageCheckpoint(row[0], row[1]) if row is not None else None
 
     def restart_run(self, claim: ReconciliationRecord, previous_epoch: int | str) -> int | None:
