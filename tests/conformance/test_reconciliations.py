@@ -1065,7 +1065,7 @@ def test_renew_lease_extends_only_past_half_the_lease(db):
     assert reconciliation_row(db.engine, collection.id)["lease_expires_at"] == renewed
 
 
-# --- pages written in one go -----------------------------------------------------------------------
+# --- pages written in one go ---------------------------------------------------------------------
 
 
 def test_a_scan_page_is_enqueued_and_checkpointed_in_one_go(db):

@@ -5,8 +5,8 @@ of its own; `write_collection_batch` writes a batch in a fixed number of stateme
 rows bound as JSON relations (`JsonRows`): the write leases in a statement of their own, then
 the occurrences, the new and the changed sources, the lease release and the removals in one
 transaction. No transaction stays open while the rows are built, and none relies on isolation
-between its statements: each write carries its guards. The single-row functions and methods that the
-docstrings below name are those of `source_writes`.
+between its statements: each write carries its guards. The single-row functions and methods
+that the docstrings below name are those of `source_writes`.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def write_collection_batch(
         _BATCH_COLLECTION_SLUG.key: collection_slug,
     }
     leased = _take_write_leases(engine, identity, _Prepared.all_of(publications))
-    bound = _BoundPublications.of(engine.dialect.name, leased) if leased else None
     try:
+        bound = _BoundPublications.of(engine.dialect.name, leased) if leased else None
         with guarded_writes_together(engine) as connection:
             batch = _CollectionBatch(connection, collection_slug, identity)
             published = batch.publish(bound) if bound is not None else frozenset()

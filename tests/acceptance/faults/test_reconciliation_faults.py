@@ -4,9 +4,10 @@
     every captured write moves the status epoch, so the run restarts its scan, and the index
     it finally trusts equals the content.
 (b) A run process SIGKILLed in the middle of its scan, while the statement that enqueues and
-    checkpoints a page is in flight: a later run takes the coordinator once its lease has expired (moved by
-    backdating, never by waiting) and resumes from the checkpoint at the same epoch. No page
-    is lost, none is enqueued again, every entry is processed exactly once.
+    checkpoints a page is in flight: a later run takes the coordinator once its lease has
+    expired (moved by backdating, never by waiting) and resumes from the checkpoint at the
+    same epoch. No page is lost, none is enqueued again, every entry is processed exactly
+    once.
 """
 
 import os
