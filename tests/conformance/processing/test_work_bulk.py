@@ -20,6 +20,7 @@ from media_usage_orchestration.processing import work as work_processing
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
 from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.sources import batch_writes
 from media_usage_orchestration.store.work import WorkLease, WorkRepository
 from tests.support.databases import TestDatabase
 from tests.support.factories import insert_revision
@@ -324,6 +325,26 @@ def test_a_completion_that_fails_takes_the_batch_writes_back_with_it(db, monkeyp
     assert generations == current
     assert find_source(db.engine, canonical_key(posts, "entry-2")) is not None
     assert work_count(db.engine) == 0
+    assert not verify_index(db.engine).has_drift
+
+
+def test_a_batch_whose_rows_cannot_be_bound_releases_its_write_leases(db, monkeypatch):
+    active_collection(db.engine, "posts", FIELDS)
+    for content_id in ("entry-1", "entry-2"):
+        insert_entry(db.engine, "posts", content_id, f"media-{content_id}")
+    leases_held: list[int] = []
+
+    def unbindable(_dialect, _leased):
+        leases_held.append(count(db.engine, schema.generation_writes))
+        raise RuntimeError("the rows could not be bound")
+
+    monkeypatch.setattr(batch_writes._BoundPublications, "of", staticmethod(unbindable))
+    result = process_due_batch(db.engine, 50)
+
+    # The bulk write took its two leases and gave them back; the per-item path did the work.
+    assert leases_held == [2]
+    assert (result.counts.claimed, result.counts.completed) == (2, 2)
+    assert count(db.engine, schema.generation_writes) == 0
     assert not verify_index(db.engine).has_drift
 
 
