@@ -1173,11 +1173,6 @@ class WorkRepository:
             result = connection.execute(delete(work).where(_holds_lease(lease)))
         return result.rowcount > 0
 
-    def complete_work_batch(self, leases: Sequence[WorkLease]) -> set[tuple[str, str]]:
-        """`complete_work` for many leases in one statement (see `complete_leases`)."""
-        with single_statement(self.engine) as connection:
-            return complete_leases(connection, leases)
-
     def delete_work_through_epoch(self, collection_id: str, max_change_epoch: int | str) -> int:
         """Delete the collection's work produced at or before `max_change_epoch`."""
         require_text(collection_id, "Media usage work cleanup requires a collection ID")

@@ -21,7 +21,7 @@ from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.sources import batch_writes
-from media_usage_orchestration.store.work import WorkLease, WorkRepository
+from media_usage_orchestration.store.work import WorkLease, WorkRepository, complete_leases
 from tests.support.databases import TestDatabase
 from tests.support.factories import insert_revision
 from tests.support.projection import (
@@ -359,9 +359,10 @@ def test_completion_acknowledges_only_leases_still_held(db):
     backdate(db.engine, schema.work, "lease_expires_at", 1, content_id=expired.content_id)
     wrong_token = WorkLease(forged.collection_id, forged.content_id, forged.work_version, "x")
 
-    completed = repository.complete_work_batch(
-        [held.lease, superseded.lease, expired.lease, wrong_token]
-    )
+    with db.engine.begin() as connection:
+        completed = complete_leases(
+            connection, [held.lease, superseded.lease, expired.lease, wrong_token]
+        )
 
     assert completed == {(held.collection_id, held.content_id)}
     assert work_for(db.engine, held.content_id) is None
