@@ -55,6 +55,7 @@ defs = resolved(
             sensors.media_usage_alert_sensor,
             sensors.media_usage_scrubber_sensor,
             sensors.media_usage_queue_sensor,
+            sensors.media_usage_run_health_sensor,
         ],
         schedules=[schedules.media_usage_maintenance_schedule],
         resources={

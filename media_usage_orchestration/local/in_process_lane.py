@@ -44,9 +44,10 @@ def evaluate_sensor(
         dg.partition_loading_context(dynamic_partitions_store=instance),
     ):
         data = sensor.evaluate_tick(context)
-    job = defs.resolve_job_def(sensor.job_name)
-    for request in data.run_requests or []:
-        dg.validate_run_config(job, request.run_config)
+    if data.run_requests:  # a sensor that launches no runs has no job
+        job = defs.resolve_job_def(sensor.job_name)
+        for request in data.run_requests:
+            dg.validate_run_config(job, request.run_config)
     return data
 
 

@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 
 from media_usage_orchestration.ops.common import error_outcome
 from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
+from media_usage_orchestration.processing.run_heartbeat import RunHeartbeat
 from media_usage_orchestration.store.core.engine import (
     SQLAlchemyError,
     create_database_engine,
@@ -56,6 +57,7 @@ class MediaUsageDatabase(dg.ConfigurableResource):
     _engine: Engine | None = PrivateAttr(default=None)
     _owns_engine: bool = PrivateAttr(default=False)
     _contract_unchecked: bool = PrivateAttr(default=False)
+    _heartbeat: RunHeartbeat | None = PrivateAttr(default=None)
 
     @classmethod
     def for_url(cls, url: str) -> MediaUsageDatabase:
@@ -87,6 +89,14 @@ class MediaUsageDatabase(dg.ConfigurableResource):
             raise
         except SQLAlchemyError:
             pass  # checked on the engine's first use, where the op's retry policy applies
+        # The run's lease says it is alive for as long as this process lives: a run whose
+        # worker died is failed by the run-health sensor once the lease expires.
+        self._heartbeat = RunHeartbeat(
+            self._engine,
+            context.run.run_id,
+            context.run.job_name,
+            warn=context.log.warning if context.log is not None else RunHeartbeat.warn_default,
+        ).start()
 
     def _check_contract(self) -> None:
         """Every run's writes wait for the host-schema contract: a media usage migration of a
@@ -95,6 +105,9 @@ class MediaUsageDatabase(dg.ConfigurableResource):
         self._contract_unchecked = False
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
         if self._engine is not None and self._owns_engine:
             self._engine.dispose()
         self._engine = None

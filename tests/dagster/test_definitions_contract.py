@@ -67,6 +67,8 @@ SENSORS = {
     "media_usage_work_sensor": ("media_usage_work", 3),
     # Launches no runs: it reports check evaluations and reopens work the work sensor runs.
     "media_usage_scrubber_sensor": (None, 30),
+    # Launches no runs: it fails runs whose worker is gone (their run lease expired).
+    "media_usage_run_health_sensor": (None, 10),
 }
 SCHEDULES = {
     "media_usage_maintenance_schedule": ("media_usage_maintenance", "*/2 * * * *", "UTC"),

@@ -432,5 +432,6 @@ def test_sensors_and_the_schedule_run_by_default_and_the_switch_stops_them(autom
         "media_usage_alert_sensor": expected,
         "media_usage_scrubber_sensor": expected,
         "media_usage_queue_sensor": expected,
+        "media_usage_run_health_sensor": expected,
         "media_usage_maintenance_schedule": expected,
     }

@@ -33,7 +33,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from media_usage_orchestration.emdash_double.scratch import scratch_schema, with_search_path
 from media_usage_orchestration.store.core.engine import create_database_engine, normalize_url
-from media_usage_orchestration.store.core.schema import EMDASH_TABLES, install_schema
+from media_usage_orchestration.store.core.schema import ALL_TABLES, install_schema
 
 # What a test may have changed, in one statement: the digest of EmDash's tables as PostgreSQL
 # spells them (columns with types and defaults, indexes, constraints, triggers) and of the
@@ -85,7 +85,7 @@ _INSPECTION = text(
            AND p.oid::regprocedure::text <> ALL(CAST(:functions AS text[]))) AS drop_functions
     """
 )
-_EMDASH_TABLE_NAMES = frozenset(table.name for table in EMDASH_TABLES)
+_INSTALLED_TABLE_NAMES = frozenset(table.name for table in ALL_TABLES)
 
 
 class SqliteTemplate:
@@ -208,7 +208,7 @@ class _FreshInstall:
 
     @property
     def parameters(self) -> dict[str, list[str]]:
-        return {"tables": sorted(_EMDASH_TABLE_NAMES), "functions": list(self.functions)}
+        return {"tables": sorted(_INSTALLED_TABLE_NAMES), "functions": list(self.functions)}
 
     @classmethod
     def read(cls, connection: Connection) -> _FreshInstall:
@@ -218,15 +218,15 @@ class _FreshInstall:
                 " WHERE pronamespace = current_schema()::regnamespace"
             ).scalars()
         )
-        parameters = {"tables": sorted(_EMDASH_TABLE_NAMES), "functions": list(functions)}
+        parameters = {"tables": sorted(_INSTALLED_TABLE_NAMES), "functions": list(functions)}
         digest = connection.execute(_INSPECTION, parameters).one().digest
         return cls(digest, functions, _reset_script(connection))
 
 
 def _reset_script(connection: Connection) -> str:
     statements = ["SET LOCAL session_replication_role = replica;"]
-    statements += [f'DELETE FROM "{table.name}";' for table in reversed(EMDASH_TABLES)]
-    for table in EMDASH_TABLES:
+    statements += [f'DELETE FROM "{table.name}";' for table in reversed(ALL_TABLES)]
+    for table in ALL_TABLES:
         for row in connection.execute(select(table)).mappings():
             insert = table.insert().values(**row)
             compiled = insert.compile(

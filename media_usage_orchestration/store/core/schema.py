@@ -501,6 +501,30 @@ cleanup_fence = Table(
 
 EMDASH_TABLES: tuple[Table, ...] = tuple(metadata.sorted_tables)
 
+# --- the project's own tables (`_muo_`, never a column on an EmDash table) --------------------
+
+project_metadata = MetaData()
+
+# One row per Dagster run that is executing against this database: its run lease. The run
+# worker renews it every few seconds while its process lives; a run whose lease expired (its
+# worker or code server died) is failed by the run-health sensor, so it stops holding its
+# collection's place in the run queue. No EmDash code reads or writes it.
+run_leases = Table(
+    "_muo_run_leases",
+    project_metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("job_name", Text, nullable=False),
+    Column("lease_token", Text, nullable=False),
+    Column("started_at", Text, nullable=False),
+    Column("heartbeat_at", Text, nullable=False),
+    Column("lease_expires_at", Text, nullable=False),
+    Index("idx_muo_run_leases_expires", "lease_expires_at"),
+)
+
+PROJECT_TABLES: tuple[Table, ...] = tuple(project_metadata.sorted_tables)
+# Everything `media-usage init` installs: EmDash's schema, then the project's own tables.
+ALL_TABLES: tuple[Table, ...] = EMDASH_TABLES + PROJECT_TABLES
+
 
 # --- content tables (`ec_<slug>`) -------------------------------------------------------------
 
@@ -619,16 +643,19 @@ def add_content_column(connection: Connection, collection_slug: str, field: Cont
 
 
 def missing_tables(engine: Engine, tables: Iterable[Table] = EMDASH_TABLES) -> list[str]:
-    """The project's tables this database lacks (all of them before `media-usage init`)."""
+    """The tables of `tables` (EmDash's schema unless told) this database lacks: all of them
+    before `media-usage init` on a new database; the project's own `_muo_` tables on one
+    EmDash created, until `media-usage init` adds them."""
     with engine.connect() as connection:
         existing = set(inspect(connection).get_table_names())
     return [table.name for table in tables if table.name not in existing]
 
 
-def install_schema(connection: Connection, tables: Iterable[Table] = EMDASH_TABLES) -> list[str]:
+def install_schema(connection: Connection, tables: Iterable[Table] = ALL_TABLES) -> list[str]:
     """Create every missing table, column and index, then the seed rows; return what was added.
 
-    Safe to run on a database EmDash created (nothing is added) and on a half-installed one.
+    Safe to run on a database EmDash created (only the project's own `_muo_` tables are added)
+    and on a half-installed one.
     """
     added: list[str] = []
     inspector = inspect(connection)

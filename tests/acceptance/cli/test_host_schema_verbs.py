@@ -103,11 +103,13 @@ def test_init_refuses_on_an_older_emdash_naming_the_release(emdash):
     assert set(inspect(emdash.engine).get_table_names()) == names  # EmDash creates them
 
 
-def test_init_completes_emdash_0_34_0s_database(emdash):
+def test_init_completes_emdash_0_34_0s_database_with_the_projects_own_tables(emdash):
     result = invoke(emdash, "init")
 
     assert result.exit_code == EXIT_OK, result.output
-    assert "0 objects added" in result.stdout
+    assert "1 objects added" in result.stdout
+    assert "+ table _muo_run_leases" in result.stdout
+    assert "0 objects added" in invoke(emdash, "init").stdout
 
 
 def test_status_shows_the_contract(emdash):

@@ -85,12 +85,19 @@ def test_sqlite_install_matches_emdash_fixture_database(tmp_path, empty_db):
         assert _sqlite_shape(ours, table) == _sqlite_shape(reference, table), table
 
 
-def test_install_on_emdash_database_adds_nothing(tmp_path):
+# What `media-usage init` adds to a database EmDash created: the project's own `_muo_` tables,
+# nothing of EmDash's.
+PROJECT_TABLES_ADDED = [f"table {table.name}" for table in schema.PROJECT_TABLES]
+assert all(added.startswith("table _muo_") for added in PROJECT_TABLES_ADDED)
+
+
+def test_install_on_emdash_database_adds_only_the_projects_own_tables(tmp_path):
     path = tmp_path / "emdash.db"
     shutil.copy(FIXTURE_DB, path)
     engine = create_engine(f"sqlite:///{path}")
     restore_fence(engine)  # as a real EmDash database has it
     with engine.begin() as connection:
+        assert schema.install_schema(connection) == PROJECT_TABLES_ADDED
         assert schema.install_schema(connection) == []
     engine.dispose()
 
@@ -101,7 +108,7 @@ def test_install_on_the_fixture_copy_adds_exactly_the_fence_it_lacks(tmp_path):
     engine = create_engine(f"sqlite:///{path}")
     with engine.begin() as connection:
         added = schema.install_schema(connection)
-    assert added == [f"trigger {name}" for name in EMDASH_SQLITE_FENCE]
+    assert added == [*PROJECT_TABLES_ADDED, *(f"trigger {name}" for name in EMDASH_SQLITE_FENCE)]
     with engine.begin() as connection:
         assert schema.install_schema(connection) == []
         assert missing_fence(connection) == []
