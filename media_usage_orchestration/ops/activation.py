@@ -3,7 +3,10 @@
 import dagster as dg
 
 from media_usage_orchestration.assets.index import record_collection_by_slug
-from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.common import (
+    retries_transient_errors,
+    retry_transient_errors_only,
+)
 from media_usage_orchestration.ops.run_tags import tag_run_outcome
 from media_usage_orchestration.processing.activation import ActivationOutcome, activate_step
 from media_usage_orchestration.resources.database import MediaUsageDatabase
@@ -13,10 +16,10 @@ MAX_ACTIVATION_STEPS = 100_000
 
 @dg.op(
     out=dg.Out(dg.Nothing),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Install capture on every collection, one lease-guarded step per collection, "
     "then mark capture active.",
 )
+@retries_transient_errors
 def activate_capture(context: dg.OpExecutionContext, database: MediaUsageDatabase):
     activated: list[str] = []
     with retry_transient_errors_only(context):

@@ -10,25 +10,35 @@ or tombstone as the database holds it now, with no lease token. The op then cann
 lease it does not hold: it claims the row again, which takes it only when no other owner holds
 a live lease (after a recorded failure, at once; after a crash, once the crashed run's lease
 expires), and resumes from the row's checkpoint.
+
+The upstream step may have handed nothing on at all: it stopped its run (its `outcome` output)
+and the run died while Dagster was recording the later steps as skipped, so a crash retry or a
+re-execution from failure runs a step whose input no run produced. The collection is then the
+run's own: its `media_usage/collection_id` tag, its partition (the reconciliation job) or its
+deletion config, and the step resumes from the database all the same.
 """
 
 from collections import OrderedDict
 
 import dagster as dg
-from dagster._core.events import DagsterEventType
 
+from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG
 from media_usage_orchestration.resources.database import MediaUsageDatabase, shared_engine
+from media_usage_orchestration.store.core.leases import LeaseState
 from media_usage_orchestration.store.deletions import DeletionLease
 from media_usage_orchestration.store.reconciliations import (
     ReconciliationClaim,
+    ReconciliationPhase,
     ReconciliationRepository,
 )
+from media_usage_orchestration.store.registry import read_collection_id
 
 # Outputs not yet taken by their step: one per op handing on, dropped once loaded. Bounded for
 # runs whose later steps never ran (the run stopped), in a process that executes many runs.
 _MAX_HELD = 1024
 _held: OrderedDict[tuple[str, str, str], object] = OrderedDict()
 IDENTITY_KEY = "collection_id"
+PARTITION_TAG = "dagster/partition"
 
 
 def _key(run_id: str, step_key: str, name: str) -> tuple[str, str, str]:
@@ -49,26 +59,58 @@ class ClaimIOManager(dg.IOManager):
     def load_input(self, context: dg.InputContext) -> object:
         upstream = context.upstream_output
         assert upstream is not None
-        held = _held.pop(_key(upstream.run_id, upstream.step_key, upstream.name), None)
-        if held is not None:
-            return held
-        collection_id = _handed_on_collection(context, upstream)
+        source_run_id = _source_run_id(upstream)
+        if source_run_id is not None:
+            held = _held.pop(_key(source_run_id, upstream.step_key, upstream.name), None)
+            if held is not None:
+                return held
+        collection_id = (
+            _handed_on_collection(context, upstream, source_run_id)
+            if source_run_id is not None
+            else None
+        ) or _run_collection_id(context.step_context.dagster_run, context.instance)
         return _tokenless_claim(context.dagster_type.typing_type, collection_id)
 
 
-def _handed_on_collection(context: dg.InputContext, upstream: dg.OutputContext) -> str:
+def _source_run_id(upstream: dg.OutputContext) -> str | None:
+    """The run that produced the upstream output; None when no run of the lineage did (the
+    upstream step stopped its run, and the skip of this step was never recorded)."""
+    try:
+        return upstream.run_id
+    except dg.DagsterInvariantViolationError:
+        return None
+
+
+def _handed_on_collection(
+    context: dg.InputContext, upstream: dg.OutputContext, source_run_id: str
+) -> str | None:
     """The collection the upstream step's output named (`emit` puts it in the metadata)."""
     records = context.instance.get_records_for_run(
-        upstream.run_id, of_type=DagsterEventType.STEP_OUTPUT
+        source_run_id, of_type=dg.DagsterEventType.STEP_OUTPUT
     ).records
     for record in reversed(records):
         event = record.event_log_entry.dagster_event
         data = event.step_output_data
         if event.step_key == upstream.step_key and data.output_name == upstream.name:
             return str(data.metadata[IDENTITY_KEY].value)
+    return None
+
+
+def _run_collection_id(run: dg.DagsterRun, instance: dg.DagsterInstance) -> str:
+    """The collection a reconciliation or deletion run is for, from the run itself."""
+    if collection_id := run.tags.get(COLLECTION_ID_TAG):
+        return collection_id
+    claim = (run.run_config or {}).get("ops", {}).get("claim_deletion", {}).get("config", {})
+    if collection_id := claim.get("collection_id"):
+        return str(collection_id)
+    slug = run.tags.get(PARTITION_TAG)
+    if slug:
+        engine = shared_engine(MediaUsageDatabase().resolved_url())
+        if collection_id := read_collection_id(engine, slug):
+            return collection_id
     raise dg.Failure(
-        f"the claim of step {upstream.step_key!r} of run {upstream.run_id} is not known: "
-        "re-execute the whole run",
+        f"run {run.run_id} names no collection to resume (no {COLLECTION_ID_TAG} tag, "
+        "partition or deletion config): re-execute the whole run",
         allow_retries=False,
     )
 
@@ -80,10 +122,31 @@ def _tokenless_claim(claim_type: type, collection_id: str) -> object:
     engine = shared_engine(MediaUsageDatabase().resolved_url())
     record = ReconciliationRepository(engine).find_by_collection(collection_id)
     if record is None:
-        raise dg.Failure(
-            f"collection {collection_id} has no reconciliation to resume", allow_retries=False
-        )
+        # Nothing to resume (another run completed it): the op finds the row gone and says so.
+        return ReconciliationClaim(**{**_ABSENT_ROW, "collection_id": collection_id})
     return ReconciliationClaim(**{**vars(record), "lease_token": ""})
+
+
+# A coordinator row that is not there: only its collection id is ever read.
+_ABSENT_ROW = {
+    "collection_slug": "",
+    "run_token": "",
+    "target_epoch": None,
+    "field_fingerprint": None,
+    "state": LeaseState.PENDING,
+    "phase": ReconciliationPhase.SCAN,
+    "scan_cursor": None,
+    "scan_upper_id": None,
+    "source_cursor": None,
+    "source_upper_key": None,
+    "attempt_count": 0,
+    "next_attempt_at": "",
+    "lease_token": "",
+    "lease_expires_at": None,
+    "last_error_code": None,
+    "created_at": "",
+    "updated_at": "",
+}
 
 
 @dg.io_manager(

@@ -12,7 +12,10 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.index import forget_deleted_collection
-from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.common import (
+    retries_transient_errors,
+    retry_transient_errors_only,
+)
 from media_usage_orchestration.ops.leased import (
     StepReport,
     StepStopped,
@@ -32,6 +35,7 @@ from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.deletions import (
     DeletionLease,
     DeletionPhase,
+    DeletionRecord,
     DeletionRepository,
 )
 from media_usage_orchestration.store.registry import read_collection_id
@@ -53,6 +57,9 @@ class DeletionWorkflow:
         self, engine: Engine, lease: DeletionLease, *, reopen: bool
     ) -> DeletionLease | None:
         return claim_tombstone(engine, lease.collection_id, reopen=reopen)
+
+    def current(self, engine: Engine, lease: DeletionLease) -> DeletionRecord | None:
+        return DeletionRepository(engine).find(lease.collection_id)
 
     def release(self, engine: Engine, lease: DeletionLease, delay_seconds: int = 0) -> bool:
         return processing.release_deletion_lease(engine, lease)
@@ -98,9 +105,9 @@ class DeletionBatchBudget(dg.Config):
 
 @dg.op(
     out=leased_outs(DeletionLease),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Claim the collection's tombstone (300 s lease) in whatever phase it is in.",
 )
+@retries_transient_errors
 def claim_deletion(
     context: dg.OpExecutionContext, config: ClaimDeletionConfig, database: MediaUsageDatabase
 ):
@@ -197,9 +204,9 @@ def _phase_op(
             name=name,
             ins={"lease": dg.In(DeletionLease)},
             out=leased_outs(DeletionLease),
-            retry_policy=TRANSIENT_RETRY_POLICY,
             description=description,
         )
+        @retries_transient_errors
         def _batched(
             context: dg.OpExecutionContext,
             lease: DeletionLease,
@@ -216,9 +223,9 @@ def _phase_op(
         name=name,
         ins={"lease": dg.In(DeletionLease)},
         out=leased_outs(DeletionLease),
-        retry_policy=TRANSIENT_RETRY_POLICY,
         description=description,
     )
+    @retries_transient_errors
     def _single(context: dg.OpExecutionContext, lease: DeletionLease, database: MediaUsageDatabase):
         body = _phase_body(database.engine, phase, step, None)
         yield from run_leased_step(context, WORKFLOW, database.engine, lease, body)
@@ -283,10 +290,10 @@ class RequestDeletionConfig(dg.Config):
 
 @dg.op(
     out=dg.Out(dg.Nothing),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Request a collection deletion: tombstone, fence, registry and table now; "
     "the background job removes the rest.",
 )
+@retries_transient_errors
 def request_deletion(
     context: dg.OpExecutionContext, config: RequestDeletionConfig, database: MediaUsageDatabase
 ):

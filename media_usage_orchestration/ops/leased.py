@@ -31,8 +31,29 @@ from media_usage_orchestration.ops.run_tags import (
 )
 from media_usage_orchestration.processing.run_loop import Paging, PagingEnd
 from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.core.leases import LeaseState
 
 L = TypeVar("L")
+
+
+class LeasedRow(Protocol):
+    """What a coordinator row and a tombstone share: the lease's state."""
+
+    state: LeaseState
+    lease_expires_at: str | None
+    next_attempt_at: str
+    last_error_code: str | None
+
+
+def why_not_regained(row: LeasedRow | None) -> tuple[str, str]:
+    """The outcome, and the reason, of an op that could not claim its row again."""
+    if row is None:
+        return "gone", "the row is gone: another run finished it"
+    if row.state is LeaseState.LEASED:
+        return "lease_active", f"another run holds the lease until {row.lease_expires_at}"
+    if row.state is LeaseState.FAILED:
+        return "failed", f"the row failed ({row.last_error_code}); an operator retry reopens it"
+    return "not_due", f"its next attempt is at {row.next_attempt_at}"
 
 
 class LeasedWorkflow(Protocol[L]):
@@ -44,6 +65,9 @@ class LeasedWorkflow(Protocol[L]):
     def renew(self, engine: Engine, lease: L) -> L | None: ...
 
     def reclaim(self, engine: Engine, lease: L, *, reopen: bool) -> L | None: ...
+
+    def current(self, engine: Engine, lease: L) -> LeasedRow | None:
+        """The row as the database holds it now (None once it is gone)."""
 
     def release(self, engine: Engine, lease: L, delay_seconds: int) -> bool: ...
 
@@ -114,7 +138,8 @@ def run_leased_step(
     """Drive one op: keep the lease, run the step, emit the outputs."""
     held = ensure_lease(context, workflow, engine, lease)
     if held is None:
-        yield from emit(context, StepReport("claim_lost", None, {"reason": "lease held elsewhere"}))
+        outcome, reason = why_not_regained(workflow.current(engine, lease))
+        yield from emit(context, StepReport(outcome, None, {"reason": reason}))
         return
     try:
         report = step(held)

@@ -3,7 +3,10 @@ keep the collection partitions equal to the registry."""
 
 import dagster as dg
 
-from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.common import (
+    retries_transient_errors,
+    retry_transient_errors_only,
+)
 from media_usage_orchestration.ops.run_tags import tag_run_outcome
 from media_usage_orchestration.partitions import media_usage_collections, partition_changes
 from media_usage_orchestration.processing.reconciliation.maintenance import settle_reconciliations
@@ -13,10 +16,10 @@ from media_usage_orchestration.store.registry import read_collection_slugs
 
 @dg.op(
     out=dg.Out(dg.Nothing),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Delete obsolete reconciliations, settle failed ones (publish the failure or "
     "reset on a newer epoch, heal stuck ones) and seed candidates.",
 )
+@retries_transient_errors
 def settle_and_seed_reconciliations(context: dg.OpExecutionContext, database: MediaUsageDatabase):
     with retry_transient_errors_only(context):
         result = settle_reconciliations(database.engine)
@@ -29,9 +32,9 @@ def settle_and_seed_reconciliations(context: dg.OpExecutionContext, database: Me
 
 @dg.op(
     out=dg.Out(dg.Nothing),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Add a partition for every registry collection and remove those of deleted ones.",
 )
+@retries_transient_errors
 def sync_collection_partitions(context: dg.OpExecutionContext, database: MediaUsageDatabase):
     with retry_transient_errors_only(context):
         slugs = read_collection_slugs(database.engine)

@@ -16,8 +16,8 @@ from pydantic import Field
 
 from media_usage_orchestration.assets.index import record_collection_by_slug
 from media_usage_orchestration.ops.common import (
-    TRANSIENT_RETRY_POLICY,
     error_outcome,
+    retries_transient_errors,
     retry_transient_errors_only,
 )
 from media_usage_orchestration.ops.deletion import tombstone_slug
@@ -75,10 +75,10 @@ class RetryFailedWorkConfig(dg.Config):
 
 @dg.op(
     out=_OUTCOME_OUT,
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Reopen an entry's work, or every failed entry's, as pending at a new coverage "
     "epoch (version + 1, attempts cleared) so it is processed again.",
 )
+@retries_transient_errors
 def reopen_failed_work(
     context: dg.OpExecutionContext, config: RetryFailedWorkConfig, database: MediaUsageDatabase
 ):
@@ -112,9 +112,9 @@ class RetryDeletionConfig(dg.Config):
 
 @dg.op(
     out=_OUTCOME_OUT,
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Reopen a failed, backing-off or abandoned deletion tombstone in its phase.",
 )
+@retries_transient_errors
 def reopen_collection_deletion(
     context: dg.OpExecutionContext, config: RetryDeletionConfig, database: MediaUsageDatabase
 ):
@@ -135,9 +135,9 @@ class RetryReconciliationConfig(dg.Config):
 
 @dg.op(
     out=_OUTCOME_OUT,
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Reopen a failed (or backing-off, or abandoned) reconciliation as a fresh scan.",
 )
+@retries_transient_errors
 def reopen_reconciliation(
     context: dg.OpExecutionContext, config: RetryReconciliationConfig, database: MediaUsageDatabase
 ):

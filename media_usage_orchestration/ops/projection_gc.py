@@ -11,7 +11,10 @@ from media_usage_orchestration.assets.projection_cleanup import (
     MEDIA_USAGE_PROJECTION_CLEANUP,
     gc_metadata,
 )
-from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.common import (
+    retries_transient_errors,
+    retry_transient_errors_only,
+)
 from media_usage_orchestration.ops.progress import logged_progress
 from media_usage_orchestration.ops.run_tags import tag_run_outcome
 from media_usage_orchestration.processing.projection_gc import (
@@ -72,11 +75,11 @@ def _collect(
 
 @dg.op(
     out=dg.Out(dg.Nothing),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Projection-GC passes back to back while each is full (it hit its delete limit "
     "or a full window), each its own claim of the projection_gc task row: delete expired write "
     "leases and a bounded batch of obsolete occurrences; record the run's totals.",
 )
+@retries_transient_errors
 def collect_projection_garbage(
     context: dg.OpExecutionContext,
     config: CollectProjectionGarbageConfig,
@@ -107,10 +110,10 @@ def collect_projection_garbage(
 @dg.op(
     ins={"after": dg.In(dg.Nothing)},
     out=dg.Out(dg.Nothing),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Count EmDash's media rows that content fields use and do not use, and the "
     "bytes of the unused ones; deletes nothing.",
 )
+@retries_transient_errors
 def summarize_media_library(context: dg.OpExecutionContext, database: MediaUsageDatabase):
     with retry_transient_errors_only(context):
         metadata = record_media_library(context, database.engine)

@@ -15,7 +15,10 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.index import record_coverage, record_failed_coverage
-from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.common import (
+    retries_transient_errors,
+    retry_transient_errors_only,
+)
 from media_usage_orchestration.ops.leased import (
     StepReport,
     StepStopped,
@@ -38,7 +41,11 @@ from media_usage_orchestration.processing.reconciliation.model import (
 from media_usage_orchestration.processing.run_loop import Budget
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.reconciliations import ReconciliationClaim
+from media_usage_orchestration.store.reconciliations import (
+    ReconciliationClaim,
+    ReconciliationRecord,
+    ReconciliationRepository,
+)
 from media_usage_orchestration.store.registry import read_collection_id
 from media_usage_orchestration.values.identifiers import validate_identifier
 
@@ -54,8 +61,15 @@ class ReconciliationWorkflow:
     def reclaim(
         self, engine: Engine, claim: ReconciliationClaim, *, reopen: bool
     ) -> ReconciliationClaim | None:
+        # Resume the run's row, never seed a new one mid-graph: with no row left (another run
+        # completed it) the step has nothing to resume.
+        if self.current(engine, claim) is None:
+            return None
         attempt = steps.reclaim(engine, claim, reopen=reopen)
         return attempt.claim if attempt.outcome is ReconciliationOutcome.ADVANCED else None
+
+    def current(self, engine: Engine, claim: ReconciliationClaim) -> ReconciliationRecord | None:
+        return ReconciliationRepository(engine).find_by_collection(claim.collection_id)
 
     def release(self, engine: Engine, claim: ReconciliationClaim, delay_seconds: int) -> bool:
         return steps.release(engine, claim, delay_seconds)
@@ -136,11 +150,11 @@ def forced(config: ClaimReconciliationConfig, tags: Mapping[str, str]) -> bool:
 
 @dg.op(
     out=leased_outs(ReconciliationClaim),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Claim the partition's reconciliation (60 s lease), seeding it when the "
     "collection needs one; with config force or the run tag media_usage/force=true, request "
     "a full reconciliation of complete coverage (otherwise such a run says already_complete).",
 )
+@retries_transient_errors
 def claim_reconciliation(
     context: dg.OpExecutionContext,
     config: ClaimReconciliationConfig,
@@ -182,9 +196,9 @@ def _advanced(step: StepResult, what: str, **metadata) -> StepReport:
 @dg.op(
     ins={"lease": dg.In(ReconciliationClaim)},
     out=leased_outs(ReconciliationClaim),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Begin the run (or restart it when the epoch or the media fields moved).",
 )
+@retries_transient_errors
 def prepare_run(
     context: dg.OpExecutionContext, lease: ReconciliationClaim, database: MediaUsageDatabase
 ):
@@ -203,10 +217,10 @@ def prepare_run(
 @dg.op(
     ins={"lease": dg.In(ReconciliationClaim)},
     out=leased_outs(ReconciliationClaim),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Enqueue work for every content id up to the captured upper bound, 50 per "
     "page, checkpointing each page and renewing the lease between pages.",
 )
+@retries_transient_errors
 def scan_pages(
     context: dg.OpExecutionContext,
     lease: ReconciliationClaim,
@@ -241,9 +255,9 @@ def _paged(outcome) -> int:
 @dg.op(
     ins={"lease": dg.In(ReconciliationClaim)},
     out=leased_outs(ReconciliationClaim),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Process this collection's due work so the work barrier clears within the run.",
 )
+@retries_transient_errors
 def drain_collection_work(
     context: dg.OpExecutionContext,
     lease: ReconciliationClaim,
@@ -274,10 +288,10 @@ def drain_collection_work(
 @dg.op(
     ins={"lease": dg.In(ReconciliationClaim)},
     out=leased_outs(ReconciliationClaim),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Pass the work barrier into the sources phase, then enqueue work for canonical "
     "sources whose content is gone, 50 per page.",
 )
+@retries_transient_errors
 def scan_sources(
     context: dg.OpExecutionContext,
     lease: ReconciliationClaim,
@@ -323,10 +337,10 @@ def _restart_later(engine: Engine, claim: ReconciliationClaim | None) -> NoRetur
 @dg.op(
     ins={"lease": dg.In(ReconciliationClaim)},
     out=leased_outs(ReconciliationClaim),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Mark coverage complete (guarded by epoch, fingerprint, lease and an empty "
     "work barrier) and delete the coordinator row.",
 )
+@retries_transient_errors
 def finalize_coverage(
     context: dg.OpExecutionContext, lease: ReconciliationClaim, database: MediaUsageDatabase
 ):

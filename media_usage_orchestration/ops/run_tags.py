@@ -8,6 +8,10 @@ from media_usage_orchestration.values.identifiers import validate_identifier
 
 OUTCOME_TAG = "media_usage/outcome"
 COLLECTION_TAG = "media_usage/collection"
+# The run queue's one limit (deploy/dagster.yaml): runs with the same value run one at a time.
+# Its value is the workflow and the collection (`reconciliation:articles`), so a collection's
+# reconciliation, deletion and work never wait for each other, only for a run of their own kind.
+QUEUE_TAG = "media_usage/queue"
 # The collection id a sensor launched a per-collection run for (the slug can be reused).
 COLLECTION_ID_TAG = "media_usage/collection_id"
 IN_FLIGHT_STATUSES = [
@@ -18,6 +22,11 @@ IN_FLIGHT_STATUSES = [
     dg.DagsterRunStatus.CANCELING,
 ]
 AUTOMATIC_RETRY_TAG = "dagster/retry_number"  # set by the run-retry daemon, never by operators
+
+
+def queue_tags(workflow: str, slug: str) -> dict[str, str]:
+    """The tags that name a per-collection run's collection and its place in the run queue."""
+    return {COLLECTION_TAG: slug, QUEUE_TAG: f"{workflow}:{slug}"}
 
 
 def launched_run(context: dg.OpExecutionContext) -> dg.DagsterRun | None:

@@ -17,7 +17,10 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.index import record_drained_coverage
-from media_usage_orchestration.ops.common import TRANSIENT_RETRY_POLICY, retry_transient_errors_only
+from media_usage_orchestration.ops.common import (
+    retries_transient_errors,
+    retry_transient_errors_only,
+)
 from media_usage_orchestration.ops.progress import logged_progress
 from media_usage_orchestration.ops.run_tags import (
     COLLECTION_ID_TAG,
@@ -78,10 +81,10 @@ class DrainDueWorkConfig(dg.Config):
 # Named after the function it runs (processing/run_loop.py: drain_due_work), in Dagster too.
 @dg.op(
     out=dg.Out(dg.Nothing),
-    retry_policy=TRANSIENT_RETRY_POLICY,
     description="Claim due work (several items per statement, each with its own lease) and "
     "project each entry until nothing is due or the budget is spent.",
 )
+@retries_transient_errors
 def drain_due_work(
     context: dg.OpExecutionContext, config: DrainDueWorkConfig, database: MediaUsageDatabase
 ):

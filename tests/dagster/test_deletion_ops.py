@@ -611,7 +611,7 @@ def test_a_batch_op_failing_mid_loop_keeps_the_cursor_it_committed(activated, po
     assert count(activated.engine, schema.work, collection_id=posts.id) == 80
 
 
-def test_a_transient_database_error_is_left_to_the_retry_policy_and_not_charged(
+def test_a_transient_database_error_retries_the_step_and_is_not_charged(
     activated, posts, monkeypatch
 ):
     lease = lease_of(activated, posts, DeletionPhase.STATUS)
@@ -621,8 +621,9 @@ def test_a_transient_database_error_is_left_to_the_retry_policy_and_not_charged(
 
     monkeypatch.setattr(DeletionRepository, "delete_status", locked)
 
-    with pytest.raises(sa_exc.OperationalError):
+    with pytest.raises(dg.RetryRequested) as retried:
         invoke(delete_status, activated, lease)
+    assert isinstance(retried.value.__cause__, sa_exc.OperationalError)
 
     row = tombstone_row(activated.engine, posts.id)
     assert (row["state"], row["attempt_count"], row["lease_token"]) == (

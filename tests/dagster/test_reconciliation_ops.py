@@ -259,7 +259,7 @@ def test_a_bad_force_tag_fails_the_claim_and_changes_nothing(
     assert snapshot(db.engine) == before
 
 
-def test_claim_fails_fast_on_a_bug_and_leaves_transient_errors_to_the_retry_policy(
+def test_claim_fails_fast_on_a_bug_and_retries_the_step_on_a_transient_error(
     db, instance, articles, monkeypatch
 ):
     monkeypatch.setattr(steps, "claim_collection", broken)
@@ -271,8 +271,9 @@ def test_claim_fails_fast_on_a_bug_and_leaves_transient_errors_to_the_retry_poli
         raise sa_exc.OperationalError("UPDATE", {}, Exception("database is locked"))
 
     monkeypatch.setattr(steps, "claim_collection", locked)
-    with pytest.raises(sa_exc.OperationalError):
+    with pytest.raises(dg.RetryRequested) as retried:
         invoke(claim_reconciliation, db, instance=instance, partition_key="articles")
+    assert isinstance(retried.value.__cause__, sa_exc.OperationalError)
     assert count(db.engine, schema.reconciliations) == 0
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
+from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.jobs import media_usage_work
@@ -401,22 +402,24 @@ def _write_lock_held(db, table: str, monkeypatch) -> Iterator[str]:
         holder.close()
 
 
-def test_a_locked_database_propagates_unchanged_for_the_retry_policy(db, monkeypatch):
+def test_a_locked_database_asks_for_a_step_retry(db, monkeypatch):
     active_collection(db.engine, "posts")
     _entries(db.engine, "posts", 1)
 
     with (
         _write_lock_held(db, "_emdash_media_usage_work", monkeypatch) as url,
-        pytest.raises(sa_exc.OperationalError) as raised,
+        pytest.raises(dg.RetryRequested) as raised,
     ):
         _run_work_op(replace(db, url=url))
 
-    assert is_transient_database_error(raised.value)
-    message = str(raised.value.orig).lower()
+    cause = raised.value.__cause__
+    assert is_transient_database_error(cause)
+    message = str(cause.orig).lower()
     assert ("lock timeout" in message) if db.is_postgres else ("database is locked" in message)
     assert work_for(db.engine, "entry-0")["state"] == "pending"
-    assert drain_due_work.retry_policy == TRANSIENT_RETRY_POLICY
-    assert TRANSIENT_RETRY_POLICY.max_retries == 3
+    assert raised.value.max_retries == TRANSIENT_RETRY_POLICY.max_retries == 3
+    # No policy on the op itself: Dagster would retry an interrupt (Terminate) under one.
+    assert drain_due_work.retry_policy is None
 
 
 def _transient_error() -> sa_exc.OperationalError:
@@ -427,6 +430,46 @@ def _transient_error() -> sa_exc.OperationalError:
 
 def _retry_events(result: dg.ExecuteInProcessResult) -> int:
     return sum(1 for event in result.all_events if event.event_type_value == "STEP_UP_FOR_RETRY")
+
+
+def test_no_op_of_the_project_carries_a_retry_policy():
+    """Dagster turns an interrupt (Terminate) into a step retry for an op with a RetryPolicy:
+    the project's ops ask for their transient retries themselves instead."""
+    for job in defs.resolve_all_job_defs():
+        assert job.op_retry_policy is None, job.name
+        for node in job.graph.iterate_op_defs():
+            assert node.retry_policy is None, (job.name, node.name)
+
+
+def test_in_a_run_an_interrupt_is_never_retried(db, monkeypatch):
+    active_collection(db.engine, "posts")
+    _entries(db.engine, "posts", 3)
+
+    def interrupted(*_args, **_kwargs):
+        raise dg.DagsterExecutionInterruptedError("terminated by an operator")
+
+    monkeypatch.setattr(run_loop, "process_due_batch", interrupted)
+    monkeypatch.setattr(common, "TRANSIENT_RETRY_POLICY", dg.RetryPolicy(max_retries=2))
+
+    @dg.job(executor_def=dg.in_process_executor)
+    def terminated_work():
+        drain_due_work()
+
+    # The same op under a RetryPolicy: Dagster retries the interrupt (what the ops avoid).
+    @dg.job(executor_def=dg.in_process_executor)
+    def terminated_work_under_a_policy():
+        drain_due_work.with_retry_policy(dg.RetryPolicy(max_retries=2))()
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = terminated_work.execute_in_process(
+            instance=instance, resources=_resources(db.url), raise_on_error=False
+        )
+        assert not result.success and _retry_events(result) == 0
+        under_policy = terminated_work_under_a_policy.execute_in_process(
+            instance=instance, resources=_resources(db.url), raise_on_error=False
+        )
+        assert _retry_events(under_policy) == 2
+    assert work_for(db.engine, "entry-0")["state"] == "pending"
 
 
 def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, monkeypatch):
@@ -442,12 +485,13 @@ def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, mo
         return real_batch(engine, batch_size, *args, **kwargs)
 
     monkeypatch.setattr(run_loop, "process_due_batch", flaky)
+    # The project's policy waits seconds between attempts; an immediate one shows the same
+    # retries without the wait.
+    monkeypatch.setattr(common, "TRANSIENT_RETRY_POLICY", dg.RetryPolicy(max_retries=2))
 
-    # The project's policy waits seconds between attempts; the same op under an immediate
-    # policy shows the behaviour without the wait.
     @dg.job(executor_def=dg.in_process_executor)
     def retried_work():
-        drain_due_work.with_retry_policy(dg.RetryPolicy(max_retries=2))()
+        drain_due_work()
 
     with dg.DagsterInstance.ephemeral() as instance:
         result = retried_work.execute_in_process(
@@ -542,17 +586,17 @@ def test_a_failed_activation_step_fails_fast_and_is_recorded(db):
     assert status_row(db.engine, "broken")["capture_state"] is None
 
 
-def test_activation_on_a_locked_database_propagates_for_the_retry_policy(db, monkeypatch):
+def test_activation_on_a_locked_database_asks_for_a_step_retry(db, monkeypatch):
     CmsWriter(db.engine).create_collection("articles", MEDIA_FIELDS)
 
     with (
         _write_lock_held(db, "_emdash_media_usage_activation", monkeypatch) as url,
-        pytest.raises(sa_exc.OperationalError) as raised,
+        pytest.raises(dg.RetryRequested) as raised,
     ):
         _run_activation_op(replace(db, url=url))
 
-    assert is_transient_database_error(raised.value)
-    assert activate_capture.retry_policy == TRANSIENT_RETRY_POLICY
+    assert is_transient_database_error(raised.value.__cause__)
+    assert activate_capture.retry_policy is None
     row = one(db.engine, schema.activation)
     assert (row["state"], row["lease_token"], row["attempt_count"]) == ("expanded", None, 0)
 
