@@ -36,8 +36,17 @@ from media_usage_orchestration.ops.reconciliation import (
     scan_pages,
     scan_sources,
 )
+from media_usage_orchestration.ops.run_tags import queue_tags
 from media_usage_orchestration.ops.work import drain_due_work
 from media_usage_orchestration.partitions import media_usage_collections
+
+# Every reconciliation run carries its collection's tags, however it is launched (sensor,
+# backfill, Launchpad partition picker): the run queue holds it to one run per collection.
+reconciliation_partitions = dg.PartitionedConfig(
+    partitions_def=media_usage_collections,
+    run_config_for_partition_key_fn=lambda _slug: {},
+    tags_for_partition_key_fn=lambda slug: queue_tags("reconciliation", slug),
+)
 
 
 @dg.job(
@@ -86,7 +95,9 @@ def media_usage_collection_deletion():
     description="Process due per-entry work: project each entry's media references into "
     "sources and occurrences, every item under its own lease.",
     executor_def=dg.in_process_executor,
-    tags={"media_usage/workflow": "work"},
+    # Not crash-retried: the work sensor asks for a collection's next work run itself, so a
+    # retry would only queue a second run beside it.
+    tags={"media_usage/workflow": "work", "dagster/max_retries": "0"},
 )
 def media_usage_work():
     drain_due_work()
@@ -98,7 +109,7 @@ def media_usage_work():
     "claim, prepare, scan pages, drain work, source pages, finalize - each op one "
     "lease-guarded step. Backfill partitions to reconcile any set of collections.",
     executor_def=dg.in_process_executor,
-    partitions_def=media_usage_collections,
+    config=reconciliation_partitions,
     tags={"media_usage/workflow": "reconciliation"},
 )
 def media_usage_reconciliation():

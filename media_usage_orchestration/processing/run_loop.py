@@ -30,7 +30,7 @@ from media_usage_orchestration.processing.work import (
     process_due_batch,
 )
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.probes import collection_has_due_work
+from media_usage_orchestration.store.probes import CollectionWork, collection_work_state
 
 L = TypeVar("L")
 R = TypeVar("R")
@@ -153,12 +153,15 @@ class WorkDrainEnd(StrEnum):
     NOTHING_DUE = "nothing_due"
     BUDGET = "budget"
     INACTIVE = "inactive"
+    # while it waited for more: capture went inactive or the collection is being deleted
+    CLOSED = "collection_closed"
 
 
 _ENDED_BECAUSE = {
     WorkDrainEnd.NOTHING_DUE: "nothing more is due",
     WorkDrainEnd.BUDGET: "its budget was spent",
     WorkDrainEnd.INACTIVE: "capture is not active",
+    WorkDrainEnd.CLOSED: "its collection is being deleted or capture is not active",
 }
 
 
@@ -174,6 +177,7 @@ class WorkRunOutcome(StrEnum):
     NOTHING_DUE = "nothing_due"
     BUDGET = "budget"
     INACTIVE = "inactive"
+    CLOSED = "collection_closed"
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,12 @@ class WorkDrain:
     completed_by_collection: Mapping[tuple[str, str], int]
     # (collection id, slug) -> items of that collection failed for good
     failed_by_collection: Mapping[tuple[str, str], int]
+
+    def ended(self, stopped_by: WorkDrainEnd) -> WorkDrain:
+        """The same drain, stopped by `stopped_by` instead."""
+        return WorkDrain(
+            stopped_by, self.counts, self.completed_by_collection, self.failed_by_collection
+        )
 
     def __add__(self, later: WorkDrain) -> WorkDrain:
         """This drain followed by `later` (one run's bursts): summed, stopped as `later`."""
@@ -291,7 +301,9 @@ def drain_while_work_arrives(
     """`drain_due_work` of one collection, then again each time more of its work becomes due
     within the linger, within one budget. `on_burst` is told each drain that ended with
     nothing due (what it did, so the caller can record coverage before waiting); the result
-    sums them."""
+    sums them. The wait ends at once (`CLOSED`) when the collection can have no more work:
+    capture went inactive or a deletion tombstone appeared, so a deletion never waits for a
+    lingering run."""
     total: WorkDrain | None = None
     while True:
         burst = drain_due_work(engine, budget, batch_size, progress, collection_id)
@@ -299,8 +311,29 @@ def drain_while_work_arrives(
         total = burst if total is None else total + burst
         if burst.stopped_by is not WorkDrainEnd.NOTHING_DUE:
             return total
-        if not linger.wait_for_work(budget, lambda: collection_has_due_work(engine, collection_id)):
+        waited = _wait_for_more(engine, collection_id, linger, budget)
+        if waited is CollectionWork.CLOSED:
+            return total.ended(WorkDrainEnd.CLOSED)
+        if waited is not CollectionWork.DUE:
             return total
+
+
+def _wait_for_more(
+    engine: Engine, collection_id: str, linger: Linger, budget: Budget
+) -> CollectionWork:
+    """Wait within the linger for the collection's next work: DUE when it came, CLOSED when the
+    collection can have none (checked once before waiting too), IDLE when the linger ran out."""
+    found = [collection_work_state(engine, collection_id)]
+    if found[-1] is CollectionWork.CLOSED:
+        return CollectionWork.CLOSED
+
+    def due_or_closed() -> bool:
+        found.append(collection_work_state(engine, collection_id))
+        return found[-1] is not CollectionWork.IDLE
+
+    if not linger.wait_for_work(budget, due_or_closed):
+        return CollectionWork.IDLE
+    return found[-1] if found[-1] is not CollectionWork.IDLE else CollectionWork.DUE
 
 
 __all__ = [

@@ -1,6 +1,7 @@
 """What every sensor shares: the bounded probe behind a schema check, the runs in flight, the
 run keys that change whenever a row becomes due again."""
 
+import datetime
 import hashlib
 import weakref
 from collections.abc import Callable
@@ -24,6 +25,19 @@ from media_usage_orchestration.store.core.host_schema import read_host_schema
 from media_usage_orchestration.store.core.schema import missing_tables
 
 UNSUCCESSFUL_STATUSES = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+# Queued or on its way to start: such a run drains whatever is due when it starts.
+WAITING_STATUSES = (
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+)
+# Set by Dagster on a failed run that the run-retry daemon will retry, and the retry's id once
+# it has (dagster/_core/storage/tags.py: WILL_RETRY_TAG, AUTO_RETRY_RUN_ID_TAG).
+WILL_RETRY_TAG = "dagster/will_retry"
+AUTO_RETRY_RUN_ID_TAG = "dagster/auto_retry_run_id"
+# The run-retry daemon launches a retry within seconds of the failure; a failed run still
+# waiting for its retry after this long is not waited for any more.
+RETRY_WAIT_SECONDS = 120
 T = TypeVar("T")
 
 
@@ -32,6 +46,34 @@ def runs_in_flight(
 ) -> int:
     return instance.get_runs_count(
         filters=dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT_STATUSES, tags=tags or {})
+    )
+
+
+def awaiting_retry(
+    instance: dg.DagsterInstance, job_name: str, tags: dict[str, str] | None = None
+) -> bool:
+    """Whether the newest run of the job (with these tags) failed moments ago and the run-retry
+    daemon is about to retry it: its retry resumes from the database, so no second run is
+    asked for meanwhile."""
+    recent = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=RETRY_WAIT_SECONDS)
+    failed = instance.get_runs(
+        filters=dg.RunsFilter(
+            job_name=job_name,
+            statuses=[dg.DagsterRunStatus.FAILURE],
+            tags={**(tags or {}), WILL_RETRY_TAG: "true"},
+            updated_after=recent,
+        ),
+        limit=1,
+    )
+    return bool(failed) and AUTO_RETRY_RUN_ID_TAG not in failed[0].tags
+
+
+def collection_has_run(instance: dg.DagsterInstance, job_name: str, collection_id: str) -> bool:
+    """A run of the job for this collection is queued, running, or about to be retried: the
+    sensors ask for none beside it (one queued run per collection and workflow)."""
+    tags = {COLLECTION_ID_TAG: collection_id}
+    return bool(runs_in_flight(instance, job_name, tags)) or awaiting_retry(
+        instance, job_name, tags
     )
 
 

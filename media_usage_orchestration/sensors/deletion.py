@@ -4,14 +4,14 @@ import dagster as dg
 
 from media_usage_orchestration.jobs import media_usage_collection_deletion
 from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
+from media_usage_orchestration.ops.run_tags import queue_tags
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (
     COLLECTION_ID_TAG,
+    collection_has_run,
     last_unsuccessful_run_id,
     probe_when_ready,
     run_key,
-    runs_in_flight,
 )
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.probes import due_deletions
@@ -39,8 +39,8 @@ def media_usage_collection_deletion_sensor(
     requests = []
     for tombstone in due:
         tags = {COLLECTION_ID_TAG: tombstone.collection_id}
-        if not tombstone.lease_expired and runs_in_flight(
-            context.instance, media_usage_collection_deletion.name, tags
+        if collection_has_run(
+            context.instance, media_usage_collection_deletion.name, tombstone.collection_id
         ):
             continue
         requests.append(
@@ -61,7 +61,7 @@ def media_usage_collection_deletion_sensor(
                         "claim_deletion": {"config": {"collection_id": tombstone.collection_id}}
                     }
                 },
-                tags={**tags, COLLECTION_TAG: tombstone.collection_slug},
+                tags={**tags, **queue_tags("deletion", tombstone.collection_slug)},
             )
         )
     if not requests:

@@ -9,10 +9,10 @@ from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (
     COLLECTION_ID_TAG,
+    collection_has_run,
     last_unsuccessful_run_id,
     probe_when_ready,
     run_key,
-    runs_in_flight,
 )
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.probes import due_reconciliations
@@ -50,8 +50,8 @@ def media_usage_reconciliation_sensor(
         tags = {COLLECTION_ID_TAG: candidate.collection_id}
         if candidate.collection_slug not in known:
             continue  # its partition is added by this tick; the run is requested on the next
-        if not candidate.lease_expired and runs_in_flight(
-            context.instance, media_usage_reconciliation.name, tags
+        if collection_has_run(
+            context.instance, media_usage_reconciliation.name, candidate.collection_id
         ):
             continue
         requests.append(

@@ -3,10 +3,14 @@
 Each run claims only its collection's items and carries its `media_usage/collection` tag, so
 filtering the Runs list by a collection finds every work run that changed it. `max_work_runs`
 bounds the work runs queued or running at once, `work_runs_per_collection` those of one
-collection; collections are served earliest due first. Both only shape load: every claim is
+collection running at once; collections are served earliest due first. A collection with a
+work run queued (or starting) gets no second one: that run drains whatever is due when it
+starts, so a stall never piles up runs. Both limits only shape load: every claim is
 lease-guarded, so runs of one collection (or EmDash's own lane beside them) take disjoint items.
-A collection whose due set holds a lease its owner let lapse gets a run even when the limits
-are reached: the run that held it died or stalled, and the guards make it harmless."""
+
+A work run whose worker died holds nothing for long: the run-health sensor fails it once its
+run lease expires, and the next tick asks for its successor (work runs are not crash-retried:
+the sensor is their one source, `dagster/max_retries=0` on the job)."""
 
 from collections import Counter
 
@@ -22,6 +26,7 @@ from media_usage_orchestration.resources.automation import (
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (
     COLLECTION_ID_TAG,
+    WAITING_STATUSES,
     last_unsuccessful_run_id,
     probe_when_ready,
     run_key,
@@ -46,8 +51,9 @@ def _due_work(engine: Engine) -> list[CollectionDueWork]:
     minimum_interval_seconds=3,
     default_status=automation_default_status(),
     description="One work run per collection with claimable work, tagged with the collection, "
-    "while fewer than `max_work_runs` work runs (and `work_runs_per_collection` of that "
-    "collection) are queued or running; the run key follows the collection's due set.",
+    "while fewer than `max_work_runs` work runs are queued or running, fewer than "
+    "`work_runs_per_collection` of that collection are running and none of it is queued; the "
+    "run key follows the collection's due set.",
 )
 def media_usage_work_sensor(
     context: dg.SensorEvaluationContext,
@@ -60,25 +66,33 @@ def media_usage_work_sensor(
     if not due:
         return dg.SkipReason("no due work")
     # One read of the runs in flight (a few), counted per collection.
-    running = Counter(
-        run.tags.get(COLLECTION_ID_TAG)
-        for run in runs_in_flight_of(context.instance, media_usage_work.name)
+    in_flight = runs_in_flight_of(context.instance, media_usage_work.name)
+    waiting = Counter(
+        run.tags.get(COLLECTION_ID_TAG) for run in in_flight if run.status in WAITING_STATUSES
     )
-    in_flight = sum(running.values())
+    running = Counter(
+        run.tags.get(COLLECTION_ID_TAG) for run in in_flight if run.status not in WAITING_STATUSES
+    )
+    total = len(in_flight)
     requests = []
     for collection in due:
-        of_collection = running[collection.collection_id]
-        if not collection.lease_expired and (
-            of_collection >= automation.work_runs_per_collection
-            or in_flight >= automation.max_work_runs
+        collection_id = collection.collection_id
+        if (
+            waiting[collection_id]
+            or running[collection_id] >= automation.work_runs_per_collection
+            or total >= automation.max_work_runs
         ):
             continue
-        requests.append(_work_run(context.instance, automation, collection, of_collection))
-        in_flight += 1
+        requests.append(_work_run(context.instance, automation, collection, running[collection_id]))
+        total += 1
     if not requests:
+        if total >= automation.max_work_runs:
+            return dg.SkipReason(
+                f"work is due in {len(due)} collection(s), but {total} work runs are already "
+                "queued or running"
+            )
         return dg.SkipReason(
-            f"work is due in {len(due)} collection(s), but {in_flight} work runs are already "
-            "queued or running"
+            f"work is due in {len(due)} collection(s), each with its work run queued or running"
         )
     return dg.SensorResult(run_requests=requests)
 
@@ -95,6 +109,8 @@ def _work_run(
             "work",
             collection.collection_id,
             collection.generation,
+            # with work_runs_per_collection > 1, the next run of a collection beside the
+            # running ones (the key stays the same while a run waits to start)
             running,
             # a run canceled or failed before its claim left the due set unchanged
             last_unsuccessful_run_id(instance, media_usage_work.name, tags),

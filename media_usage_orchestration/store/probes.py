@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from enum import StrEnum
 
 from sqlalchemy import (
     Engine,
@@ -38,6 +39,7 @@ from media_usage_orchestration.store.core.leases import (
     lease_has_expired,
 )
 from media_usage_orchestration.store.core.predicates import (
+    activation_is_active,
     no_deletion_tombstone,
     registry_identity_is_current,
 )
@@ -152,18 +154,37 @@ def _due_work_by_collection_statement(limit: int):
 def _collection_due_work_statement():
     collection = bindparam("collection_id", type_=Text)
     return select(
-        *(first_due_row(state, collection).label(state.value) for state in _DUE_WORK_STATES)
+        *(first_due_row(state, collection).label(state.value) for state in _DUE_WORK_STATES),
+        activation_is_active().label("capture_active"),
+        no_deletion_tombstone(collection).label("not_deleting"),
     )
 
 
-def collection_has_due_work(engine: Engine, collection_id: str) -> bool:
-    """Whether one collection has claimable work now: a few index seeks, cheap enough for a
-    work run to ask every half second while it waits for more."""
+class CollectionWork(StrEnum):
+    """What a work run waiting for more of one collection's work finds."""
+
+    DUE = "due"  # claimable work now
+    IDLE = "idle"  # nothing due yet
+    CLOSED = "closed"  # capture is inactive or the collection is being deleted: none will be
+
+
+def collection_work_state(engine: Engine, collection_id: str) -> CollectionWork:
+    """Whether one collection has claimable work now, or can have none (capture inactive, a
+    deletion tombstone): a few index seeks, cheap enough for a work run to ask every half
+    second while it waits for more."""
     with read_transaction(engine) as connection:
         row = connection.execute(
             _collection_due_work_statement(), {"collection_id": collection_id}
         ).one()
-    return any(first is not None for first in row)
+    if not row.capture_active or not row.not_deleting:
+        return CollectionWork.CLOSED
+    due = any(row[index] is not None for index in range(len(_DUE_WORK_STATES)))
+    return CollectionWork.DUE if due else CollectionWork.IDLE
+
+
+def collection_has_due_work(engine: Engine, collection_id: str) -> bool:
+    """Whether one collection has claimable work now."""
+    return collection_work_state(engine, collection_id) is CollectionWork.DUE
 
 
 def due_work_by_collection(engine: Engine, limit: int) -> list[CollectionDueWork]:

@@ -29,7 +29,7 @@ from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, Postgr
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
+from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, QUEUE_TAG, queue_tags
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from tests.support.databases import (
@@ -55,10 +55,10 @@ from tests.support.reconciliation_runs import (
 from tests.support.sensor_loop import resources
 
 DEPLOY_INSTANCE_YAML = Path(__file__).resolve().parents[2] / "deploy" / "dagster.yaml"
-ONE_RUN_PER_COLLECTION = [
-    {"key": COLLECTION_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
-    # backfilled and hand-launched reconciliation runs carry only the partition tag
-    {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
+# One run at a time per collection and workflow: every reconciliation run carries
+# media_usage/queue=reconciliation:<slug> from its partition, deletion runs deletion:<slug>.
+ONE_RUN_PER_COLLECTION_AND_WORKFLOW = [
+    {"key": QUEUE_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
 ]
 RUN_WORKER_TIMEOUT_SECONDS = 120
 
@@ -130,8 +130,7 @@ def test_the_deploy_instance_stores_everything_in_postgres_and_queues_one_run_pe
     assert isinstance(instance.run_coordinator, dg.QueuedRunCoordinator)
     queue = instance.get_concurrency_config().run_queue_config
     assert queue is not None
-    # The sensors tag reconciliation and deletion runs with this key (COLLECTION_TAG).
-    assert queue.tag_concurrency_limits == ONE_RUN_PER_COLLECTION
+    assert queue.tag_concurrency_limits == ONE_RUN_PER_COLLECTION_AND_WORKFLOW
     assert queue.max_concurrent_runs == 8
     assert instance.run_coordinator.dequeue_use_threads
     # A queued work run for a new edit starts within a second of its submission.
@@ -217,11 +216,11 @@ def code_server(instance: dg.DagsterInstance) -> Iterator[WorkspaceProcessContex
 
 
 def _submit(instance, workspace, remote_job, slug: str) -> str:
-    """Create and submit a reconciliation run as the sensor asks for it: partition and
-    collection tags. The queued run coordinator only enqueues it."""
+    """Create and submit a reconciliation run as the sensor asks for it: its partition and the
+    partition's tags (collection and queue). The queued run coordinator only enqueues it."""
     run = instance.create_run_for_job(
         job_def=RECONCILIATION_JOB,
-        tags={PARTITION_TAG: slug, COLLECTION_TAG: slug},
+        tags={PARTITION_TAG: slug, **queue_tags("reconciliation", slug)},
         remote_job_origin=remote_job.get_remote_origin(),
         job_code_origin=remote_job.get_python_origin(),
     )
@@ -258,6 +257,7 @@ def test_the_daemon_dequeues_one_run_per_collection_and_a_run_worker_executes_it
             run = instance.get_run_by_id(run_id)
             assert run is not None and run.status is dg.DagsterRunStatus.QUEUED
             assert (run.tags[COLLECTION_TAG], run.tags[PARTITION_TAG]) == (slug, slug)
+            assert run.tags[QUEUE_TAG] == f"reconciliation:{slug}"
 
         # One daemon iteration: the first posts run and the pages run start; the second posts
         # run waits, since the first holds the collection's only slot.

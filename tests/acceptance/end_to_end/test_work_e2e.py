@@ -313,6 +313,15 @@ def test_the_sensor_respects_max_work_runs_for_queued_and_running_runs(db):
             "work is due in 1 collection(s), but 1 work runs are already queued or running"
         )
 
+        # A queued run drains what is due when it starts: never a second one beside it.
+        waiting = evaluate(media_usage_work_sensor, instance, two_runs)
+        assert waiting.run_requests == []
+        assert waiting.skip_message == (
+            "work is due in 1 collection(s), each with its work run queued or running"
+        )
+        # Once it runs, work_runs_per_collection=2 lets a second one run beside it.
+        instance.report_run_canceled(queued)
+        running = _created(instance, idle, dg.DagsterRunStatus.STARTED)
         second = evaluate(media_usage_work_sensor, instance, two_runs).run_requests
         assert len(second) == 1 and second[0].run_key != idle.run_key
         started = _created(instance, second[0], dg.DagsterRunStatus.STARTED)
@@ -323,7 +332,7 @@ def test_the_sensor_respects_max_work_runs_for_queued_and_running_runs(db):
         )
 
         # Finished runs do not count against the cap.
-        instance.report_run_canceled(queued)
+        instance.report_run_canceled(running)
         instance.report_run_failed(started)
         assert len(evaluate(media_usage_work_sensor, instance, one_run).run_requests) == 1
     assert count(db.engine, schema.work) == 1

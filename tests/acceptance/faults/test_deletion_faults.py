@@ -23,6 +23,7 @@ from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.ops.deletion import fence
 from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
+from media_usage_orchestration.sensors.run_health import media_usage_run_health_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.capture_triggers import CAPTURE_INACTIVE_MESSAGE
 from media_usage_orchestration.store.core.engine import read_transaction
@@ -42,10 +43,11 @@ from tests.support.deletion_runs import (
 )
 from tests.support.deletions import add_source, claimed, expire_lease, ids
 from tests.support.ops import invoke
-from tests.support.sensor_loop import drain, resources
+from tests.support.sensor_loop import drain, evaluate, resources
 from tests.support.states import (
     IMAGE_ONLY,
     all_rows,
+    backdate,
     count,
     db_now,
     one,
@@ -197,14 +199,18 @@ def test_a_run_killed_mid_delete_sources_is_resumed_after_its_lease_expires(
     assert tick(db, instance).run_requests == []
 
     expire_lease(db.engine, posts.id)
-    # The killed run is still STARTED in Dagster's run storage (run monitoring has not failed
-    # it); the expired lease says it is gone, so the sensor asks for a run anyway.
+    # The killed run is still STARTED in Dagster's run storage: it holds the collection back
+    # (one run per collection and workflow) until the run-health sensor finds its run lease
+    # expired (here backdated) and fails it; then the sensor asks for its successor.
     [killed] = instance.get_runs(
         filters=dg.RunsFilter(
             statuses=[dg.DagsterRunStatus.STARTED], tags={COLLECTION_ID_TAG: posts.id}
         )
     )
-    assert killed.status == dg.DagsterRunStatus.STARTED
+    assert tick(db, instance).run_requests == []
+    assert backdate(db.engine, schema.run_leases, "lease_expires_at", 1, run_id=killed.run_id)
+    evaluate(media_usage_run_health_sensor, instance, resources(db))
+    assert instance.get_run_by_id(killed.run_id).status is dg.DagsterRunStatus.FAILURE
     [request] = tick(db, instance).run_requests
     resumed = execute_requested(db, instance, request)
 
