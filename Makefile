@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/media-usage demo
 
-# Every tier (unit, conformance, dagster, acceptance) on both dialects. Each test module runs on
-# one worker, in order, so a module-scoped fixture is built once; the acceptance tier's long
-# modules come first, so the two workers finish together.
+# Every tier (unit, conformance, dagster, acceptance, deployment) on both dialects. Each test
+# module runs on one worker, in order, so a module-scoped fixture is built once. The deployment
+# tier (mostly waiting on real daemons, leases and run starts) takes one worker of its own from
+# the start (tests/conftest.py), the other two run the rest.
 test: $(STAMP)
-	$(BIN)/pytest -n 2 --dist loadscope --durations=20
+	$(BIN)/pytest -n 3 --dist loadscope --durations=20
 
 # The unit tier alone: no database, a few seconds.
 test-unit: $(STAMP)

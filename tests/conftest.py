@@ -157,6 +157,32 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("dialect", marked[0] if marked else DIALECTS, indirect=True)
 
 
+# The deployment tier (tests/deployment/) runs on one worker of its own, first: its modules
+# mostly wait (for leases to expire, runs to start, retries to land) while the other workers run
+# the CPU-bound tiers (`make test` starts three).
+DEPLOYMENT_TIER = "tests/deployment/"
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: not item.nodeid.startswith(DEPLOYMENT_TIER))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScopes(LoadScopeScheduling):
+        """Modules are scopes, as with `--dist loadscope`, but the deployment tier is one."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(DEPLOYMENT_TIER):
+                return DEPLOYMENT_TIER
+            return super()._split_scope(nodeid)
+
+    return TierScopes(config, log)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Show how many database tests ran on each dialect, so a silently skipped PostgreSQL half
     is visible in every run's output."""

@@ -1,0 +1,175 @@
+"""What an operator does in the UI, under the real daemon: Terminate a lingering work run (it
+ends CANCELED within seconds, never retried), force-terminate one, backfill reconciliations
+during a burst of edits over three collections (queue waits and edit-to-index latency), and
+request a deletion while a work run of that collection lingers (the run ends at once, the
+deletion starts without waiting for it)."""
+
+from __future__ import annotations
+
+import time
+
+import dagster as dg
+import pytest
+
+from media_usage_orchestration.jobs import (
+    media_usage_collection_deletion,
+    media_usage_reconciliation,
+    media_usage_work,
+)
+from media_usage_orchestration.ops.reconciliation import FORCE_TAG
+from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, QUEUE_TAG
+from tests.support.deployment import (
+    QUEUE_WAIT_BOUND_SECONDS,
+    QueueSampler,
+    deployed_tier,
+    report,
+    run_moments,
+    summary,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.deployment]
+
+TERMINATED_WITHIN_SECONDS = 10
+
+
+@pytest.fixture(scope="module")
+def tier(cms):
+    with deployed_tier(cms, collections=3, linger_seconds=60) as tier:
+        yield tier
+
+
+def _lingering_run(tier, collection) -> dg.DagsterRun:
+    tier.wait_projected([tier.edit(collection)], timeout=120)
+    return tier.setup.wait_for(
+        lambda: tier.runs_of(media_usage_work.name, collection, [dg.DagsterRunStatus.STARTED]),
+        f"a lingering work run of {collection.slug}",
+        timeout=60,
+    )[0]
+
+
+def _event_types(tier, run_id: str) -> list[str]:
+    return [
+        record.event_log_entry.dagster_event_type.value
+        for record in tier.instance.get_records_for_run(run_id).records
+        if record.event_log_entry.dagster_event_type is not None
+    ]
+
+
+def test_terminate_ends_a_lingering_work_run_within_seconds(tier):
+    articles = tier.collections[0]
+    run = _lingering_run(tier, articles)
+
+    asked = time.time()
+    answer = tier.setup.terminate(run.run_id)
+    assert answer["__typename"] == "TerminateRunSuccess", answer
+    tier.wait_status(run.run_id, [dg.DagsterRunStatus.CANCELED], TERMINATED_WITHIN_SECONDS)
+    seconds = tier.instance.get_run_record_by_id(run.run_id).end_time - asked
+
+    kinds = _event_types(tier, run.run_id)
+    assert "STEP_UP_FOR_RETRY" not in kinds and "STEP_RESTARTED" not in kinds
+    assert "PIPELINE_CANCELED" in kinds and "PIPELINE_SUCCESS" not in kinds
+    # The collection is not held: its next edit gets a run of its own.
+    tier.wait_projected([tier.edit(articles, entry=1)], timeout=60)
+    report(f"Terminate of a lingering work run: CANCELED {seconds:.1f} s after the request")
+
+
+def test_force_termination_still_works(tier):
+    pages = tier.collections[1]
+    run = _lingering_run(tier, pages)
+
+    answer = tier.setup.terminate(run.run_id, force=True)
+    assert answer["__typename"] == "TerminateRunSuccess", answer
+    assert tier.status(run.run_id) is dg.DagsterRunStatus.CANCELED
+    tier.wait_projected([tier.edit(pages, entry=1)], timeout=60)
+
+
+def test_a_burst_of_edits_with_backfilled_reconciliations(tier):
+    started = time.time()
+    edits = []
+    with QueueSampler(tier.instance, media_usage_work.name) as sampler:
+        for second in range(30):
+            for collection in tier.collections:
+                edits.append(tier.edit(collection, entry=2 + second % 8))
+            if second == 5:
+                slugs = [collection.slug for collection in tier.collections]
+                tier.setup.backfill(media_usage_reconciliation.name, slugs, {FORCE_TAG: "true"})
+            time.sleep(max(0.0, started + second + 1 - time.time()))
+        tier.wait_projected(edits, timeout=120)
+    reconciliations = tier.setup.wait_for(
+        lambda: _finished_backfill_runs(tier, len(tier.collections)),
+        "the backfilled reconciliations",
+        timeout=180,
+    )
+    for run in reconciliations:
+        assert run.status is dg.DagsterRunStatus.SUCCESS, run.tags
+        # The partition's tags reach every run however it was launched: here a backfill.
+        slug = run.tags["dagster/partition"]
+        assert run.tags[COLLECTION_TAG] == slug
+        assert run.tags[QUEUE_TAG] == f"reconciliation:{slug}"
+    waits = [run_moments(tier.instance, run.run_id) for run in reconciliations]
+    queue_waits = [moment.queue_wait for moment in waits]
+    latencies = tier.watch.latencies(edits)
+    assert sampler.most_queued <= 1
+    assert max(queue_waits) <= QUEUE_WAIT_BOUND_SECONDS
+    report(
+        f"burst of {len(edits)} edits over {len(tier.collections)} collections in 30 s with "
+        f"{len(reconciliations)} backfilled reconciliations: edit-to-index {summary(latencies)}; "
+        f"reconciliation queue waits {summary(queue_waits)}, process starts "
+        f"{summary([moment.process_start for moment in waits])}; most work runs queued for "
+        f"one collection at once: {sampler.most_queued}"
+    )
+
+
+def _finished_backfill_runs(tier, count: int) -> list[dg.DagsterRun] | None:
+    runs = [
+        run for run in tier.runs(media_usage_reconciliation.name) if "dagster/backfill" in run.tags
+    ]
+    if len(runs) < count or any(not run.is_finished for run in runs):
+        return None
+    return runs
+
+
+def test_a_deletion_requested_while_a_work_run_lingers(tier):
+    products = tier.collections[2]
+    run = _lingering_run(tier, products)
+
+    request = tier.setup.launch(
+        "request_collection_deletion",
+        {"ops": {"request_deletion": {"config": {"collection": products.slug, "force": True}}}},
+    )
+    requested = tier.wait_status(request, [dg.DagsterRunStatus.SUCCESS], timeout=60)
+    tombstoned_at = tier.instance.get_run_record_by_id(requested.run_id).end_time
+    tier.wait_status(run.run_id, [dg.DagsterRunStatus.SUCCESS], timeout=30)
+    assert _stopped_by(tier, run.run_id) == "collection_closed"
+    lingered = tier.instance.get_run_record_by_id(run.run_id).end_time - tombstoned_at
+
+    deletion = tier.setup.wait_for(
+        lambda: [
+            each
+            for each in tier.runs(media_usage_collection_deletion.name)
+            if each.tags.get(COLLECTION_TAG) == products.slug and each.is_finished
+        ],
+        "the background deletion run",
+        timeout=120,
+    )[0]
+    assert deletion.status is dg.DagsterRunStatus.SUCCESS, deletion.tags
+    assert deletion.tags[QUEUE_TAG] == f"deletion:{products.slug}"
+    moments = run_moments(tier.instance, deletion.run_id)
+    assert moments.queue_wait <= QUEUE_WAIT_BOUND_SECONDS
+    report(
+        f"deletion requested while a work run lingered: the work run ended {lingered:.1f} s "
+        f"after the request run finished (stopped by collection_closed); the deletion run waited "
+        f"{moments.queue_wait:.1f} s in the queue, its process started in "
+        f"{moments.process_start:.1f} s"
+    )
+
+
+def _stopped_by(tier, run_id: str) -> str:
+    """Why the work run's op stopped draining (its output metadata)."""
+    (output,) = [
+        record.event_log_entry.dagster_event
+        for record in tier.instance.get_records_for_run(
+            run_id, of_type=dg.DagsterEventType.STEP_OUTPUT
+        ).records
+    ]
+    return output.step_output_data.metadata["stopped_by"].value
