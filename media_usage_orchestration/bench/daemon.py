@@ -142,14 +142,17 @@ def _exit_on_terminate(_signal: int, _frame) -> None:
     raise SystemExit(128 + signal.SIGTERM)
 
 
-def stop_process_group(process: subprocess.Popen) -> None:
-    """Interrupt the daemon (it stops its daemons and its code server), then terminate and,
-    failing that, kill whatever is left of its process group."""
+def stop_process_group(
+    process: subprocess.Popen, interrupt_seconds: float = STOP_TIMEOUT_SECONDS
+) -> None:
+    """Interrupt the daemon (it stops its daemons and its code server), then, after at most
+    `interrupt_seconds`, terminate and, failing that, kill whatever is left of its process
+    group."""
     group = process.pid  # the leader of its own session and group
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=STOP_TIMEOUT_SECONDS)
+            process.wait(timeout=interrupt_seconds)
     for each in (signal.SIGTERM, signal.SIGKILL):
         if not group_alive(group):
             break
@@ -174,6 +177,12 @@ def group_alive(group: int) -> bool:
 
 def running_in_group(group: int) -> Iterator[int]:
     """The pids of the group's processes that are not zombies."""
+    yield from group_members(group, zombies=False)
+
+
+def group_members(group: int, *, zombies: bool = True) -> set[int]:
+    """The pids of a process group's processes (its zombies too unless told not to)."""
+    members = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -182,8 +191,9 @@ def running_in_group(group: int) -> Iterator[int]:
         except OSError:
             continue
         # after the command: state, ppid, pgrp
-        if int(fields[2]) == group and fields[0] != "Z":
-            yield int(entry.name)
+        if int(fields[2]) == group and (zombies or fields[0] != "Z"):
+            members.add(int(entry.name))
+    return members
 
 
 def _wait_until_ticking(daemon: RunningDaemon) -> None:
@@ -205,6 +215,7 @@ def _wait_until_ticking(daemon: RunningDaemon) -> None:
 __all__ = [
     "RunningDaemon",
     "daemon_command",
+    "group_members",
     "running_daemon",
     "running_in_group",
     "stop_process_group",

@@ -33,13 +33,14 @@ import click
 import dagster as dg
 import yaml
 
-from media_usage_orchestration.bench.daemon import stop_process_group
+from media_usage_orchestration.bench.daemon import group_members, stop_process_group
 from media_usage_orchestration.bench.instance import DEPLOY_INSTANCE_YAML
 from media_usage_orchestration.emdash_double.scratch import scratch_database
 from media_usage_orchestration.local.daemon_lane import LOCATION_NAME, PROJECT_WORKSPACE
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, URL
 
 READY_TIMEOUT_SECONDS = 180.0
+STOP_INTERRUPT_SECONDS = 3.0
 POLL_SECONDS = 0.25
 LOG_TAIL_LINES = 40
 REPOSITORY_NAME = "__repository__"
@@ -187,10 +188,13 @@ class ProductionSetup:
             return False
 
     def stop(self) -> None:
+        """Stop every process by its group: an interrupt first, then SIGTERM and SIGKILL. The
+        daemon finishes its loops' iterations on an interrupt, which can take half a minute:
+        nothing here needs them finished, so it gets a few seconds."""
         for name in ("webserver", "daemon", "code_server"):
             process = self.processes.pop(name, None)
             if process is not None:
-                stop_process_group(process)
+                stop_process_group(process, interrupt_seconds=STOP_INTERRUPT_SECONDS)
 
     def log_tail(self, name: str) -> str:
         path = self.directory / f"{name}.log"
@@ -364,21 +368,6 @@ def _grpc_serving(port: int) -> bool:
         channel.close()
 
 
-def group_members(group: int) -> set[int]:
-    """The pids of a process group (zombies included: they are about to go)."""
-    members = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == group:
-            members.add(int(entry.name))
-    return members
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -463,7 +452,6 @@ def _environment(variables: Mapping[str, str]) -> Iterator[None]:
 __all__ = [
     "ProductionSetup",
     "free_port",
-    "group_members",
     "instance_environment",
     "production_setup",
 ]

@@ -646,7 +646,7 @@ def test_an_op_whose_lease_is_held_by_another_owner_yields_no_lease(activated, p
 
     result = invoke(delete_work, activated, stale)
 
-    assert_stopped(result, "claim_lost")
+    assert_stopped(result, "lease_active")
     assert snapshot(activated.engine) == before
     assert tombstone_row(activated.engine, posts.id)["lease_token"] == owner.lease_token
 
@@ -670,7 +670,7 @@ def test_an_op_finds_its_tombstone_gone(activated, posts):
     with activated.engine.begin() as connection:
         connection.execute(schema.collection_deletions.delete())
 
-    assert_stopped(invoke(finalize_deletion, activated, lease), "claim_lost")
+    assert_stopped(invoke(finalize_deletion, activated, lease), "gone")
 
 
 @pytest.mark.parametrize("state", ["retry", "failed"])
@@ -689,7 +689,7 @@ def test_after_a_recorded_failure_only_a_reexecution_reclaims(activated, posts, 
     )
     before = snapshot(activated.engine)
 
-    assert_stopped(invoke(delete_work, activated, lease), "claim_lost")
+    assert_stopped(invoke(delete_work, activated, lease), state if state == "failed" else "not_due")
     assert snapshot(activated.engine) == before
 
     with reexecution() as instance:
@@ -730,7 +730,7 @@ def test_an_automatic_run_retry_does_not_reopen_a_failed_tombstone(activated, po
         else:
             result = invoke(delete_work, activated, lease, instance=instance)
 
-    assert_stopped(result, "not_due" if op_name == "claim_deletion" else "claim_lost")
+    assert_stopped(result, "not_due" if op_name == "claim_deletion" else "failed")
     assert snapshot(activated.engine) == before
 
 

@@ -490,7 +490,7 @@ def test_a_lease_taken_over_by_another_run_stops_the_op_without_writes(
 
     result = invoke(op_def, db, lease, instance=instance)
 
-    assert_stopped(result, "claim_lost")
+    assert_stopped(result, "lease_active")
     assert database_state(db, articles) == before
     assert coordinator(db.engine, articles)["lease_token"] == successor.claim.lease_token
 

@@ -38,8 +38,10 @@ from media_usage_orchestration.sensors.run_health import media_usage_run_health_
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase
 from tests.deployment.test_operator_paths import QUEUE_WAIT_BOUND_SECONDS
+from tests.support.deletion_runs import DELETION_OPS
 from tests.support.deletions import tombstone
 from tests.support.deployment import deployed_tier, report, run_moments, summary
+from tests.support.reconciliation_runs import RECONCILIATION_OPS
 from tests.support.states import backdate
 
 pytestmark = [pytest.mark.slow, pytest.mark.deployment]
@@ -47,24 +49,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.deployment]
 KILL_TAG = "media_usage_test/kill_at"
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 LOCK_CLASS = 7262
-RECONCILIATION_STEPS = (
-    "claim_reconciliation",
-    "prepare_run",
-    "scan_pages",
-    "drain_collection_work",
-    "scan_sources",
-    "finalize_coverage",
-)
-DELETION_STEPS = (
-    "claim_deletion",
-    "fence",
-    "remove_registry",
-    "drop_table",
-    "delete_work",
-    "delete_sources",
-    "delete_status",
-    "finalize_deletion",
-)
+RECONCILIATION_STEPS = RECONCILIATION_OPS
+DELETION_STEPS = DELETION_OPS
 RECONCILED = [f"rec_{index}" for index in range(len(RECONCILIATION_STEPS) + 1)]
 DELETED = [f"del_{index}" for index in range(len(DELETION_STEPS))]
 EXTRA = ["del_extra"]  # deleted by the operator's re-execution
@@ -227,30 +213,12 @@ def _reconciliation_tags(slug: str, *, force: bool) -> dict[str, str]:
     return {**tags, FORCE_TAG: "true"} if force else tags
 
 
-def _expire_reconciliation(tier):
+def _expiring(tier, table):
+    """Backdates the killed run's lease on its row of `table` (its lease time passed)."""
+
     def expire(killed: Killed) -> None:
         collection = _collection(tier, killed.collection)
-        backdate(
-            tier.db.engine,
-            schema.reconciliations,
-            "lease_expires_at",
-            1,
-            collection_id=collection.id,
-        )
-
-    return expire
-
-
-def _expire_deletion(tier):
-    def expire(killed: Killed) -> None:
-        collection = _collection(tier, killed.collection)
-        backdate(
-            tier.db.engine,
-            schema.collection_deletions,
-            "lease_expires_at",
-            1,
-            collection_id=collection.id,
-        )
+        backdate(tier.db.engine, table, "lease_expires_at", 1, collection_id=collection.id)
 
     return expire
 
@@ -289,7 +257,7 @@ def test_crash_retries_resume_the_reconciliation_at_every_boundary(tier):
         )
         return Killed(kill_at, slug, run_id, label)
 
-    held = _in_waves(tier, launches, launch, _expire_reconciliation(tier))
+    held = _in_waves(tier, launches, launch, _expiring(tier, schema.reconciliations))
     for killed in held:
         parent = tier.wait_status(killed.run_id, [dg.DagsterRunStatus.FAILURE], timeout=120)
         retry = _child(tier, killed.run_id)
@@ -329,7 +297,7 @@ def test_crash_retries_resume_the_deletion_at_every_boundary(tier):
         return Killed(kill_at, slug, run_id)
 
     specs = list(zip(DELETION_STEPS, DELETED, strict=True))
-    held = _in_waves(tier, specs, launch, _expire_deletion(tier))
+    held = _in_waves(tier, specs, launch, _expiring(tier, schema.collection_deletions))
 
     for killed in held:
         tier.wait_status(killed.run_id, [dg.DagsterRunStatus.FAILURE], timeout=120)
@@ -397,8 +365,8 @@ def test_re_execute_from_failure_resumes_a_killed_run_of_each_graph(tier):
             ),
         ]
         expire = {
-            reconciled.slug: _expire_reconciliation(tier),
-            deleted.slug: _expire_deletion(tier),
+            reconciled.slug: _expiring(tier, schema.reconciliations),
+            deleted.slug: _expiring(tier, schema.collection_deletions),
         }
         _kill_all(tier, instance_db, held, lambda killed: expire[killed.collection](killed))
 

@@ -10,6 +10,7 @@ import time
 
 import dagster as dg
 import pytest
+from sqlalchemy import text
 
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
@@ -17,7 +18,13 @@ from media_usage_orchestration.jobs import (
     media_usage_work,
 )
 from media_usage_orchestration.ops.reconciliation import FORCE_TAG
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, QUEUE_TAG
+from media_usage_orchestration.ops.run_tags import (
+    COLLECTION_TAG,
+    OUTCOME_TAG,
+    QUEUE_TAG,
+    queue_tags,
+)
+from media_usage_orchestration.store.core.engine import APPLICATION_NAME
 from tests.support.deployment import (
     QUEUE_WAIT_BOUND_SECONDS,
     QueueSampler,
@@ -28,6 +35,8 @@ from tests.support.deployment import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.deployment]
+
+FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
 TERMINATED_WITHIN_SECONDS = 10
 
@@ -173,3 +182,49 @@ def _stopped_by(tier, run_id: str) -> str:
         ).records
     ]
     return output.step_output_data.metadata["stopped_by"].value
+
+
+def test_a_transient_database_error_is_still_retried(tier):
+    """A run's connection to the CMS database terminated mid-statement (as a failover or an
+    administrator does): the op asks for its step retry, the step runs again and the run ends
+    as it would have."""
+    pages = tier.collections[1]
+    with tier.db.engine.connect() as holder:
+        holder.execute(
+            text(
+                "SELECT 1 FROM _emdash_media_usage_index_status "
+                "WHERE collection_id = :id FOR UPDATE"
+            ),
+            {"id": pages.id},
+        )
+        run_id = tier.setup.launch(
+            media_usage_reconciliation.name,
+            tags={
+                "dagster/partition": pages.slug,
+                **queue_tags("reconciliation", pages.slug),
+                FORCE_TAG: "true",
+            },
+        )
+        backend = tier.setup.wait_for(
+            lambda: _waiting_backend(tier, holder), "the run's statement to wait", 120
+        )
+        with tier.db.engine.connect() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+        holder.rollback()
+
+    run = tier.wait_status(run_id, FINISHED, timeout=180)
+    kinds = _event_types(tier, run_id)
+    assert kinds.count("STEP_UP_FOR_RETRY") == 1 and "STEP_RESTARTED" in kinds
+    assert run.status is dg.DagsterRunStatus.SUCCESS
+    assert run.tags[OUTCOME_TAG] == "completed"
+
+
+def _waiting_backend(tier, holder) -> int | None:
+    """A backend of the CMS database waiting for the row lock the test holds."""
+    return holder.execute(
+        text(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND application_name = :name AND pid <> pg_backend_pid() LIMIT 1"
+        ),
+        {"name": APPLICATION_NAME},
+    ).scalar()

@@ -27,6 +27,18 @@ COLLECTION_ID_TAG = "media_usage/collection_id"
 OUTCOME_TAG = "media_usage/outcome"
 FAILED_CODE = "MEDIA_USAGE_COLLECTION_DELETION_FAILED"
 
+# The background deletion graph's ops, in order.
+DELETION_OPS = (
+    "claim_deletion",
+    "fence",
+    "remove_registry",
+    "drop_table",
+    "delete_work",
+    "delete_sources",
+    "delete_status",
+    "finalize_deletion",
+)
+
 
 # --- runs --------------------------------------------------------------------------------------
 
@@ -71,16 +83,7 @@ def outcome_of(result: dg.ExecuteInProcessResult, node: str) -> dict[str, Any] |
 
 def step_outcomes(result: dg.ExecuteInProcessResult) -> dict[str, str]:
     outcomes = {}
-    for node in (
-        "claim_deletion",
-        "fence",
-        "remove_registry",
-        "drop_table",
-        "delete_work",
-        "delete_sources",
-        "delete_status",
-        "finalize_deletion",
-    ):
+    for node in DELETION_OPS:
         metadata = outcome_of(result, node)
         if metadata is not None:
             outcomes[node] = metadata["outcome"]
