@@ -234,7 +234,15 @@ class ProductionSetup:
             with urllib.request.urlopen(request, timeout=60) as answer:
                 body = json.loads(answer.read())
         except urllib.error.HTTPError as error:
-            raise RuntimeError(f"GraphQL refused ({error.code}): {error.read()[:2000]!r}") from None
+            # A mutation whose resolver failed answers 500 with its error as data (a
+            # PythonError), as the UI shows it.
+            text = error.read()
+            try:
+                body = json.loads(text)
+            except ValueError:
+                body = {}
+            if "data" not in body:
+                raise RuntimeError(f"GraphQL refused ({error.code}): {text[:2000]!r}") from None
         if body.get("errors"):
             raise RuntimeError(f"GraphQL errors: {body['errors']}")
         return body["data"]

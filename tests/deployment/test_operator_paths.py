@@ -10,7 +10,7 @@ import time
 
 import dagster as dg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
@@ -189,28 +189,36 @@ def test_a_transient_database_error_is_still_retried(tier):
     administrator does): the op asks for its step retry, the step runs again and the run ends
     as it would have."""
     pages = tier.collections[1]
-    with tier.db.engine.connect() as holder:
-        holder.execute(
-            text(
-                "SELECT 1 FROM _emdash_media_usage_index_status "
-                "WHERE collection_id = :id FOR UPDATE"
-            ),
-            {"id": pages.id},
-        )
-        run_id = tier.setup.launch(
-            media_usage_reconciliation.name,
-            tags={
-                "dagster/partition": pages.slug,
-                **queue_tags("reconciliation", pages.slug),
-                FORCE_TAG: "true",
-            },
-        )
-        backend = tier.setup.wait_for(
-            lambda: _waiting_backend(tier, holder), "the run's statement to wait", 120
-        )
-        with tier.db.engine.connect() as admin:
-            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
-        holder.rollback()
+    locking = create_engine(tier.db.url)  # transactions of its own: the lock stays held
+    try:
+        with (
+            locking.connect() as holder,
+            holder.begin() as held,
+            locking.connect().execution_options(isolation_level="AUTOCOMMIT") as watcher,
+        ):
+            holder.execute(
+                text(
+                    "SELECT 1 FROM _emdash_media_usage_index_status "
+                    "WHERE collection_id = :id FOR UPDATE"
+                ),
+                {"id": pages.id},
+            )
+            since = watcher.execute(text("SELECT clock_timestamp()")).scalar_one()
+            run_id = tier.setup.launch(
+                media_usage_reconciliation.name,
+                tags={
+                    "dagster/partition": pages.slug,
+                    **queue_tags("reconciliation", pages.slug),
+                    FORCE_TAG: "true",
+                },
+            )
+            backend = tier.setup.wait_for(
+                lambda: _waiting_backend(watcher, since), "the run's statement to wait", 120
+            )
+            watcher.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+            held.rollback()
+    finally:
+        locking.dispose()
 
     run = tier.wait_status(run_id, FINISHED, timeout=180)
     kinds = _event_types(tier, run_id)
@@ -219,12 +227,15 @@ def test_a_transient_database_error_is_still_retried(tier):
     assert run.tags[OUTCOME_TAG] == "completed"
 
 
-def _waiting_backend(tier, holder) -> int | None:
-    """A backend of the CMS database waiting for the row lock the test holds."""
-    return holder.execute(
+def _waiting_backend(watcher, since) -> int | None:
+    """A backend of the CMS database, opened since `since` (a run worker's, not a sensor's
+    pooled one), waiting for the row lock the test holds. Read outside any transaction: within
+    one, PostgreSQL answers pg_stat_activity from the snapshot it took first."""
+    return watcher.execute(
         text(
             "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND application_name = :name AND pid <> pg_backend_pid() LIMIT 1"
+            "AND application_name = :name AND backend_start >= :since "
+            "AND pid <> pg_backend_pid() LIMIT 1"
         ),
-        {"name": APPLICATION_NAME},
+        {"name": APPLICATION_NAME, "since": since},
     ).scalar()
