@@ -157,14 +157,10 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("dialect", marked[0] if marked else DIALECTS, indirect=True)
 
 
-# The deployment tier (tests/deployment/) runs on one worker of its own, first: its modules
-# mostly wait (for leases to expire, runs to start, retries to land) while the other workers run
-# the CPU-bound tiers (`make test` starts three).
+# The deployment tier (tests/deployment/) runs on one worker of its own, from the start: its
+# modules mostly wait (for leases to expire, runs to start, retries to land) while the other
+# workers run the CPU-bound tiers (`make test` starts three).
 DEPLOYMENT_TIER = "tests/deployment/"
-
-
-def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: not item.nodeid.startswith(DEPLOYMENT_TIER))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -173,12 +169,24 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class TierScopes(LoadScopeScheduling):
-        """Modules are scopes, as with `--dist loadscope`, but the deployment tier is one."""
+        """Modules are scopes, as with `--dist loadscope`, but the deployment tier is one, given
+        first to a worker that takes nothing else until the tier is done."""
 
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(DEPLOYMENT_TIER):
                 return DEPLOYMENT_TIER
             return super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if DEPLOYMENT_TIER in self.workqueue and not self.assigned_work.get(node):
+                self.workqueue.move_to_end(DEPLOYMENT_TIER, last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            tier = self.assigned_work.get(node, {}).get(DEPLOYMENT_TIER)
+            if tier is not None and not all(tier.values()) and self.workqueue:
+                return
+            super()._reschedule(node)
 
     return TierScopes(config, log)
 

@@ -11,9 +11,9 @@ where SQLite is correct only on one host and is exercised by every other tier.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,10 +41,10 @@ from media_usage_orchestration.sensors.common import WAITING_STATUSES
 from tests.support.databases import TestDatabase, postgres_admin_url
 
 ENTRIES_PER_COLLECTION = 12
-# Queue waits are measured and reported (target: p95 <= 5 s); they are asserted well below a
+# Queue waits are measured and reported (target: p95 <= 5 s); they are asserted below a
 # lingering work run's 30 s, so a run that waits behind another run's linger fails its test
-# whatever the machine's load.
-QUEUE_WAIT_BOUND_SECONDS = 15
+# whatever the machine's load (under the whole suite's load a crash retry waited 18 s once).
+QUEUE_WAIT_BOUND_SECONDS = 25
 QUEUED = (dg.DagsterRunStatus.QUEUED,)
 
 
@@ -267,6 +267,6 @@ def summary(values: Sequence[float]) -> str:
 
 
 def report(line: str) -> None:
-    """A measured fact for the closing note, in the test's output (`pytest -s`)."""
-    print(f"[deployment tier] {line}", flush=True)
-    time.sleep(0)
+    """A measured fact, in the test's output (`pytest -s`), with the machine's load then."""
+    load = ", ".join(f"{each:.2f}" for each in os.getloadavg())
+    print(f"[deployment tier] {line} (load average {load})", flush=True)
