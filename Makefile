@@ -22,9 +22,10 @@ demo: $(STAMP)
 # Every tier (unit, conformance, dagster, acceptance, deployment) on both dialects. Each test
 # module runs on one worker, in order, so a module-scoped fixture is built once. The deployment
 # tier (mostly waiting on real daemons, leases and run starts) takes one worker of its own from
-# the start (tests/conftest.py), the other two run the rest.
+# the start (tests/conftest.py), the other three run the rest (many of their tests wait on
+# subprocesses, daemons and a browser, so four workers keep both cores busy).
 test: $(STAMP)
-	$(BIN)/pytest -n 3 --dist loadscope --durations=20
+	$(BIN)/pytest -n 4 --dist loadscope --durations=20
 
 # The unit tier alone: no database, a few seconds.
 test-unit: $(STAMP)

@@ -159,7 +159,7 @@ def pytest_generate_tests(metafunc):
 
 # The deployment tier (tests/deployment/) runs on one worker of its own, from the start: its
 # modules mostly wait (for leases to expire, runs to start, retries to land) while the other
-# workers run the CPU-bound tiers (`make test` starts three).
+# workers run the others (`make test` starts four).
 DEPLOYMENT_TIER = "tests/deployment/"
 
 

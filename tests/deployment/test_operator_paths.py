@@ -96,7 +96,7 @@ def test_a_burst_of_edits_with_backfilled_reconciliations(tier):
     started = time.time()
     edits = []
     with QueueSampler(tier.instance, media_usage_work.name) as sampler:
-        for second in range(30):
+        for second in range(20):
             for collection in tier.collections:
                 edits.append(tier.edit(collection, entry=2 + second % 8))
             if second == 5:
@@ -121,7 +121,7 @@ def test_a_burst_of_edits_with_backfilled_reconciliations(tier):
     assert sampler.most_queued <= 1
     assert max(queue_waits) <= QUEUE_WAIT_BOUND_SECONDS
     report(
-        f"burst of {len(edits)} edits over {len(tier.collections)} collections in 30 s with "
+        f"burst of {len(edits)} edits over {len(tier.collections)} collections in 20 s with "
         f"{len(reconciliations)} backfilled reconciliations: edit-to-index {summary(latencies)}; "
         f"reconciliation queue waits {summary(queue_waits)}, process starts "
         f"{summary([moment.process_start for moment in waits])}; most work runs queued for "
