@@ -161,6 +161,16 @@ def pytest_generate_tests(metafunc):
 # modules mostly wait (for leases to expire, runs to start, retries to land) while the other
 # workers run the others (`make test` starts four).
 DEPLOYMENT_TIER = "tests/deployment/"
+# The acceptance modules that take the longest (about a minute each on this machine), started
+# before everything else but the deployment tier.
+ACCEPTANCE_FIRST = (
+    "tests/acceptance/test_demo.py",
+    "tests/acceptance/browser/",
+    "tests/acceptance/test_bench.py",
+    "tests/acceptance/races/",
+    "tests/acceptance/faults/",
+    "tests/acceptance/end_to_end/",
+)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -178,8 +188,13 @@ def pytest_xdist_make_scheduler(config, log):
             return super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if DEPLOYMENT_TIER in self.workqueue and not self.assigned_work.get(node):
-                self.workqueue.move_to_end(DEPLOYMENT_TIER, last=False)
+            # The longest modules first, so none of them is left running alone at the end:
+            # the deployment tier, then the acceptance tier's (in xdist's order, by size).
+            for first in (DEPLOYMENT_TIER, *ACCEPTANCE_FIRST):
+                scope = next((each for each in self.workqueue if each.startswith(first)), None)
+                if scope is not None:
+                    self.workqueue.move_to_end(scope, last=False)
+                    break
             super()._assign_work_unit(node)
 
         def _reschedule(self, node) -> None:
