@@ -1,8 +1,14 @@
-"""What an operator does in the UI, under the real daemon: Terminate a lingering work run (it
-ends CANCELED within seconds, never retried), force-terminate one, backfill reconciliations
-during a burst of edits over three collections (queue waits and edit-to-index latency), and
-request a deletion while a work run of that collection lingers (the run ends at once, the
-deletion starts without waiting for it)."""
+"""What an operator does in the UI, and what a deployment lives through, under the real daemon:
+Terminate a lingering work run (it ends CANCELED within seconds, never retried), force-terminate
+one, backfill reconciliations during a burst of edits over three collections (queue waits and
+edit-to-index latency), a transient database error (retried), the code server SIGKILLed with a
+work run in flight in each collection and restarted as an orchestrator restarts it (the dead
+runs are failed by the run-health sensor from their expired run leases, without an operator;
+every collection projects its next edit again within three minutes; no collection ever has
+more than one work run queued; a dead run terminated from the UI while its code server is down
+ends CANCELED), and a deletion requested while a work run of that collection lingers (the run
+ends at once, the deletion starts without waiting for it). The tests run in this order on one
+deployment."""
 
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from media_usage_orchestration.ops.run_tags import (
     QUEUE_TAG,
     queue_tags,
 )
+from media_usage_orchestration.sensors.run_health import WORKER_LOST
 from media_usage_orchestration.store.core.engine import APPLICATION_NAME
 from tests.support.deployment import (
     QUEUE_WAIT_BOUND_SECONDS,
@@ -39,11 +46,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.deployment]
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
 TERMINATED_WITHIN_SECONDS = 10
+RECOVERY_SECONDS = 180
 
 
 @pytest.fixture(scope="module")
 def tier(cms):
-    with deployed_tier(cms, collections=3, linger_seconds=60) as tier:
+    with deployed_tier(cms, collections=4, linger_seconds=60) as tier:
         yield tier
 
 
@@ -97,15 +105,15 @@ def test_a_burst_of_edits_with_backfilled_reconciliations(tier):
     edits = []
     with QueueSampler(tier.instance, media_usage_work.name) as sampler:
         for second in range(20):
-            for collection in tier.collections:
+            for collection in tier.collections[:3]:
                 edits.append(tier.edit(collection, entry=2 + second % 8))
             if second == 5:
-                slugs = [collection.slug for collection in tier.collections]
+                slugs = [collection.slug for collection in tier.collections[:3]]
                 tier.setup.backfill(media_usage_reconciliation.name, slugs, {FORCE_TAG: "true"})
             time.sleep(max(0.0, started + second + 1 - time.time()))
         tier.wait_projected(edits, timeout=120)
     reconciliations = tier.setup.wait_for(
-        lambda: _finished_backfill_runs(tier, len(tier.collections)),
+        lambda: _finished_backfill_runs(tier, 3),
         "the backfilled reconciliations",
         timeout=180,
     )
@@ -121,7 +129,7 @@ def test_a_burst_of_edits_with_backfilled_reconciliations(tier):
     assert sampler.most_queued <= 1
     assert max(queue_waits) <= QUEUE_WAIT_BOUND_SECONDS
     report(
-        f"burst of {len(edits)} edits over {len(tier.collections)} collections in 20 s with "
+        f"burst of {len(edits)} edits over 3 collections in 20 s with "
         f"{len(reconciliations)} backfilled reconciliations: edit-to-index {summary(latencies)}; "
         f"reconciliation queue waits {summary(queue_waits)}, process starts "
         f"{summary([moment.process_start for moment in waits])}; most work runs queued for "
@@ -139,12 +147,12 @@ def _finished_backfill_runs(tier, count: int) -> list[dg.DagsterRun] | None:
 
 
 def test_a_deletion_requested_while_a_work_run_lingers(tier):
-    products = tier.collections[2]
-    run = _lingering_run(tier, products)
+    deleted = tier.collections[3]
+    run = _lingering_run(tier, deleted)
 
     request = tier.setup.launch(
         "request_collection_deletion",
-        {"ops": {"request_deletion": {"config": {"collection": products.slug, "force": True}}}},
+        {"ops": {"request_deletion": {"config": {"collection": deleted.slug, "force": True}}}},
     )
     requested = tier.wait_status(request, [dg.DagsterRunStatus.SUCCESS], timeout=60)
     tombstoned_at = tier.instance.get_run_record_by_id(requested.run_id).end_time
@@ -156,13 +164,13 @@ def test_a_deletion_requested_while_a_work_run_lingers(tier):
         lambda: [
             each
             for each in tier.runs(media_usage_collection_deletion.name)
-            if each.tags.get(COLLECTION_TAG) == products.slug and each.is_finished
+            if each.tags.get(COLLECTION_TAG) == deleted.slug and each.is_finished
         ],
         "the background deletion run",
         timeout=120,
     )[0]
     assert deletion.status is dg.DagsterRunStatus.SUCCESS, deletion.tags
-    assert deletion.tags[QUEUE_TAG] == f"deletion:{products.slug}"
+    assert deletion.tags[QUEUE_TAG] == f"deletion:{deleted.slug}"
     moments = run_moments(tier.instance, deletion.run_id)
     assert moments.queue_wait <= QUEUE_WAIT_BOUND_SECONDS
     report(
@@ -239,3 +247,60 @@ def _waiting_backend(watcher, since) -> int | None:
         ),
         {"name": APPLICATION_NAME, "since": since},
     ).scalar()
+
+
+def test_a_dead_code_server_stalls_no_collection(tier):
+    covered = tier.collections[:3]  # the fourth was deleted by an earlier test
+    first = [tier.edit(collection) for collection in covered]
+    tier.wait_projected(first, timeout=120)
+    lingering = {
+        collection.slug: tier.setup.wait_for(
+            lambda c=collection: tier.runs_of(
+                media_usage_work.name, c, [dg.DagsterRunStatus.STARTED]
+            ),
+            f"a work run of {collection.slug} in flight",
+            timeout=60,
+        )[0]
+        for collection in covered
+    }
+
+    killed_at = time.time()
+    killed = tier.setup.kill_code_server()
+    workers = {slug: _worker_pid(tier.instance, run.run_id) for slug, run in lingering.items()}
+    assert set(workers.values()) <= set(killed), (workers, killed)
+    terminated = lingering.pop(covered[0].slug)
+    answer = tier.setup.terminate(terminated.run_id)  # its worker cannot be reached
+    assert tier.status(terminated.run_id) is dg.DagsterRunStatus.CANCELING, answer
+    tier.setup.start_code_server()  # the orchestrator restarts the container
+    second = [tier.edit(collection, entry=1) for collection in covered]
+
+    with QueueSampler(tier.instance, media_usage_work.name) as sampler:
+        tier.wait_projected(second, timeout=RECOVERY_SECONDS)
+        recovered = time.time() - killed_at
+        failed_at = {}
+        for slug, run in lingering.items():
+            ended = tier.wait_status(run.run_id, [dg.DagsterRunStatus.FAILURE], timeout=60)
+            assert ended.tags.get(OUTCOME_TAG) == WORKER_LOST, (slug, ended.tags)
+            record = tier.instance.get_run_record_by_id(run.run_id)
+            failed_at[slug] = record.end_time - killed_at
+        tier.wait_status(terminated.run_id, [dg.DagsterRunStatus.CANCELED], timeout=60)
+        canceled_at = tier.instance.get_run_record_by_id(terminated.run_id).end_time - killed_at
+
+    assert recovered <= RECOVERY_SECONDS
+    assert sampler.samples > 0 and sampler.most_queued <= 1
+    latencies = tier.watch.latencies(second)
+    report(
+        f"code server killed with {len(lingering) + 1} lingering work runs: the one terminated "
+        f"while it was down ({answer['__typename']}) marked canceled {canceled_at:.0f} s after "
+        f"the kill; the dead runs failed "
+        f"{', '.join(f'{slug} {seconds:.0f} s' for slug, seconds in sorted(failed_at.items()))} "
+        f"after the kill; every collection projected again {recovered:.0f} s after it "
+        f"(edit-to-index {max(latencies):.0f} s at most); most work runs queued for one "
+        f"collection at once: {sampler.most_queued} ({sampler.samples} samples)"
+    )
+
+
+def _worker_pid(instance: dg.DagsterInstance, run_id: str) -> int:
+    (start,) = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_START)
+    assert start.dagster_event is not None
+    return start.dagster_event.pid
