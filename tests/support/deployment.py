@@ -26,6 +26,7 @@ from media_usage_orchestration.bench.database import (
 )
 from media_usage_orchestration.bench.deployment import ProductionSetup, production_setup
 from media_usage_orchestration.bench.live import (
+    LIVE_COLLECTIONS,
     Edit,
     LiveLoad,
     ProjectionWatch,
@@ -108,7 +109,9 @@ class Tier:
 
 
 def _prefix(collection: Collection) -> str:
-    return collection.slug[:3]
+    """The prefix of the collection's entry ids: the live bench's for its collections, else
+    the slug's first three letters (`covered_collections`)."""
+    return dict(LIVE_COLLECTIONS).get(collection.slug, collection.slug[:3])
 
 
 def covered_collections(db: TestDatabase, slugs: Sequence[str]) -> list[Collection]:
