@@ -95,7 +95,7 @@ class MediaUsageDatabase(dg.ConfigurableResource):
             self._engine,
             context.run.run_id,
             context.run.job_name,
-            warn=context.log.warning if context.log is not None else RunHeartbeat.warn_default,
+            warn=context.log.warning if context.log is not None else None,
         ).start()
 
     def _check_contract(self) -> None:

@@ -168,9 +168,12 @@ def media_usage_run_health_sensor(
     leases, now = read
     dead, missing = dead_runs(runs, leases, now, _parse_cursor(context.cursor))
     context.update_cursor(json.dumps(missing, sort_keys=True) if missing else None)
-    marked = [done for run, why in dead if (done := _mark_dead(context.instance, run, why))]
+    marked = []
     for run, why in dead:
-        context.log.warning(f"run {run.run_id} ({run.job_name}): worker gone, {why}")
+        done = _mark_dead(context.instance, run, why)
+        if done is not None:  # a run that ended on its own meanwhile is no one's warning
+            marked.append(done)
+            context.log.warning(f"run {run.run_id} ({run.job_name}): worker gone, {why}")
     if marked:
         return dg.SkipReason(f"worker gone: {', '.join(marked)}")
     waiting = f", {len(missing)} still taking its lease" if missing else ""
