@@ -6,7 +6,7 @@ import dagster as dg
 
 from media_usage_orchestration import jobs, schedules, sensors
 from media_usage_orchestration.assets.coverage_history import with_coverage_history
-from media_usage_orchestration.assets.index import coverage_complete, media_usage_index
+from media_usage_orchestration.assets.index import media_usage_index
 from media_usage_orchestration.assets.media_library import media_usage_media_library
 from media_usage_orchestration.assets.projection_cleanup import media_usage_projection_cleanup
 from media_usage_orchestration.assets.queue import with_queue_assets
@@ -33,7 +33,6 @@ work_linger_from_environment()
 defs = resolved(
     dg.Definitions(
         assets=[media_usage_index, media_usage_projection_cleanup, media_usage_media_library],
-        asset_checks=[coverage_complete],
         jobs=[
             jobs.media_usage_work,
             jobs.media_usage_reconciliation,
@@ -45,7 +44,6 @@ defs = resolved(
             jobs.retry_collection_deletion_job,
             jobs.retry_media_usage_reconciliation_job,
             jobs.media_usage_projection_gc,
-            jobs.media_usage_coverage_check,
         ],
         sensors=[
             sensors.media_usage_work_sensor,

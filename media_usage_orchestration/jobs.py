@@ -2,7 +2,6 @@
 
 import dagster as dg
 
-from media_usage_orchestration.assets.index import coverage_complete
 from media_usage_orchestration.ops.activation import activate_capture
 from media_usage_orchestration.ops.deletion import (
     claim_deletion,
@@ -177,16 +176,4 @@ retry_media_usage_reconciliation_job = _operator_job(
     reopen_reconciliation,
     "Operator action: reopen a collection's failed, retrying or abandoned reconciliation as a "
     "fresh scan; a live lease is never taken.",
-)
-
-# Dagster 1.13's UI does not execute a partitioned check on its own ("not yet supported" on the
-# Checks tab), and offers no partition picker for a job that selects only checks: this job runs
-# the check for the partition named by the run's `dagster/partition` tag (Launchpad: Edit tags).
-media_usage_coverage_check = dg.define_asset_job(
-    "media_usage_coverage_check",
-    selection=dg.AssetSelection.checks(coverage_complete),
-    tags={"media_usage/workflow": "coverage_check"},
-    description="Evaluate the coverage_complete check of one collection now, from the database: "
-    "launch with the tag dagster/partition set to its slug. The runs that change a collection "
-    "evaluate it on their own.",
 )

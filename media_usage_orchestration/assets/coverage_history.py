@@ -1,5 +1,11 @@
 """Coverage history in the UI: one unpartitioned asset `media_usage_coverage/<slug>` per live
-collection, so each collection's numbers plot over time on their own asset's Plots view.
+collection, so each collection's numbers plot over time on their own asset's Plots view, with
+its checks `coverage_complete` (`health.py`) and `index_matches_content` (`index_drift.py`).
+
+No run writes it: the queue sensor observes it when the collection's numbers change and at
+least every 5 minutes, and evaluates `coverage_complete`; the scrubber sensor evaluates
+`index_matches_content`. Never materialized, its checks' latest evaluations are what the UI
+shows (a materialization newer than an evaluation would show the check as "not evaluated").
 
 Dagster 1.13 plots a partitioned asset's metadata per partition (latest value each) or over
 time on one line across all partitions; it plots an asset's history only for keys that are in
@@ -19,9 +25,18 @@ from dagster._core.definitions.definitions_load_context import (
     DefinitionsLoadType,
 )
 
+from media_usage_orchestration.assets.health import (
+    COVERAGE_CHECK,
+    coverage_metadata,
+    coverage_verdict,
+    tag_check_run,
+)
 from media_usage_orchestration.assets.index_drift import index_drift_checks
+from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
+from media_usage_orchestration.store.coverage import CollectionCoverage, read_all_coverage
 from media_usage_orchestration.store.registry import read_live_collection_slugs_at
+from media_usage_orchestration.store.run_leases import database_now
 from media_usage_orchestration.values.errors import RegistryUnreadable
 
 COVERAGE_HISTORY_GROUP = "media_usage_coverage"
@@ -41,13 +56,74 @@ def coverage_history_specs(slugs: Sequence[str]) -> list[dg.AssetSpec]:
             coverage_history_key(slug),
             group_name=COVERAGE_HISTORY_GROUP,
             kinds={"sql"},
-            description=f"Coverage of the collection {slug!r} over time: materialized with "
-            "the same numbers as its media_usage_index partition whenever a run changes the "
-            "collection, so its Plots show entries, sources, occurrences, pending_work, "
-            "failed_work, stuck_work and duration_seconds over time.",
+            description=f"Coverage of the collection {slug!r} over time, observed by the sensor "
+            "media_usage_queue_sensor when its numbers change and at least every 5 minutes (no "
+            "run): its Plots show entries, sources, occurrences, pending_work, failed_work and "
+            "stuck_work over time. Its check coverage_complete says whether the index can be "
+            "trusted; index_matches_content what the scrubber found.",
         )
         for slug in slugs
     ]
+
+
+def coverage_observation(coverage: CollectionCoverage) -> dg.AssetObservation:
+    return dg.AssetObservation(
+        asset_key=coverage_history_key(coverage.collection_slug),
+        metadata=coverage_metadata(coverage),
+    )
+
+
+def coverage_check_specs(slugs: Sequence[str]) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec(
+            COVERAGE_CHECK,
+            asset=coverage_history_key(slug),
+            description="Fails (ERROR) on work that failed for good, a failed reconciliation, "
+            "or coverage that stays incomplete without progress for queue_stall_seconds; "
+            "passes through an edit in flight or a reconciliation making progress. The queue "
+            "sensor evaluates it whenever its verdict changes; executing it here reads the "
+            "database now.",
+        )
+        for slug in slugs
+    ]
+
+
+def coverage_complete_checks(slugs: Sequence[str]) -> list[dg.AssetChecksDefinition]:
+    """The `coverage_complete` check of each collection's asset, in one definition whose
+    checks execute together; none without collections."""
+    if not slugs:
+        return []
+
+    @dg.multi_asset_check(
+        specs=coverage_check_specs(slugs),
+        can_subset=True,
+        name="media_usage_coverage_complete",
+        description="Evaluate coverage_complete now, from the database.",
+    )
+    def coverage_complete(
+        context: dg.AssetCheckExecutionContext,
+        database: MediaUsageDatabase,
+        automation: MediaUsageAutomation,
+    ):
+        engine = database.engine
+        by_slug = {coverage.collection_slug: coverage for coverage in read_all_coverage(engine)}
+        read_at = database_now(engine)
+        keys = sorted(context.selected_asset_check_keys, key=str)
+        tag_check_run(context, keys)
+        for key in keys:
+            coverage = by_slug.get(key.asset_key.path[1])
+            if coverage is None:
+                yield dg.AssetCheckResult(
+                    asset_key=key.asset_key,
+                    check_name=key.name,
+                    passed=False,
+                    description=f"no registry collection {key.asset_key.path[1]!r}",
+                    severity=dg.AssetCheckSeverity.ERROR,
+                )
+                continue
+            yield coverage_verdict(coverage, read_at, automation.queue_stall_seconds).result(key)
+
+    return [coverage_complete]
 
 
 def coverage_history_slugs(database: MediaUsageDatabase) -> list[str]:
@@ -68,10 +144,13 @@ def coverage_history_slugs(database: MediaUsageDatabase) -> list[str]:
 
 
 def with_coverage_history(base: dg.Definitions, database: MediaUsageDatabase) -> dg.Definitions:
-    """`base` with one coverage history asset per collection, each with its
-    `index_matches_content` check (`index_drift.py`), the slugs kept for workers."""
+    """`base` with one coverage history asset per collection, each with its checks
+    `coverage_complete` and `index_matches_content`, the slugs kept for workers."""
     slugs = coverage_history_slugs(database)
-    checks = index_drift_checks({slug: coverage_history_key(slug) for slug in slugs})
+    checks = [
+        *coverage_complete_checks(slugs),
+        *index_drift_checks({slug: coverage_history_key(slug) for slug in slugs}),
+    ]
     return dg.Definitions.merge(
         base, dg.Definitions(assets=coverage_history_specs(slugs), asset_checks=checks)
     )

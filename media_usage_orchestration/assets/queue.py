@@ -19,6 +19,13 @@ from collections.abc import Iterator, Sequence
 import dagster as dg
 
 from media_usage_orchestration.assets.coverage_history import COVERAGE_HISTORY_GROUP
+from media_usage_orchestration.assets.health import (
+    QUEUE_CHECK,
+    queue_verdict,
+    tag_check_run,
+    work_runs_alive,
+)
+from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.queue import (
     COUNT_LIMIT,
@@ -28,7 +35,6 @@ from media_usage_orchestration.store.queue import (
 )
 
 QUEUE_GROUP = "media_usage_queue"
-QUEUE_CHECK = "queue_healthy"
 COMPLETED_WINDOW_SECONDS = 300
 COMPLETED_METADATA = "completed_last_5_minutes"
 # The Launchpad config of `retry_media_usage_work` (`jobs.py`, op `ops/operator.py:
@@ -64,8 +70,10 @@ def queue_check_specs(slugs: Sequence[str]) -> list[dg.AssetCheckSpec]:
             QUEUE_CHECK,
             asset=queue_key(slug),
             description="Fails (ERROR) while any work item of the collection failed for good "
-            "or is stuck behind an expired lease; the queue sensor evaluates it with every "
-            "observation, executing it here reads the database now.",
+            "or is stuck behind an expired lease, while due work has waited longer than "
+            "queue_stall_seconds, or longer than a minute with no work run of the collection "
+            "alive. The queue sensor evaluates it whenever its verdict changes; executing it "
+            "here reads the database now.",
         )
         for slug in slugs
     ]
@@ -97,10 +105,16 @@ def with_queue_assets(base: dg.Definitions) -> dg.Definitions:
 
 
 def _queue_healthy_now(
-    context: dg.AssetCheckExecutionContext, database: MediaUsageDatabase
+    context: dg.AssetCheckExecutionContext,
+    database: MediaUsageDatabase,
+    automation: MediaUsageAutomation,
 ) -> Iterator[dg.AssetCheckResult]:
-    queues = {queue.collection_slug: queue for queue in read_work_queues(database.engine).queues}
-    for key in context.selected_asset_check_keys:
+    engine = database.engine
+    queues = {queue.collection_slug: queue for queue in read_work_queues(engine).queues}
+    alive = work_runs_alive(context.instance, engine)
+    keys = sorted(context.selected_asset_check_keys, key=str)
+    tag_check_run(context, keys)
+    for key in keys:
         slug = key.asset_key.path[1]
         queue = queues.get(slug)
         if queue is None:
@@ -113,15 +127,8 @@ def _queue_healthy_now(
                 f"{MAX_QUEUE_COLLECTIONS} by slug, whose queues are read)",
             )
             continue
-        evaluation = queue_check_evaluation(queue)
-        yield dg.AssetCheckResult(
-            asset_key=key.asset_key,
-            check_name=QUEUE_CHECK,
-            passed=evaluation.passed,
-            severity=evaluation.severity,
-            description=evaluation.description,
-            metadata=evaluation.metadata,
-        )
+        run_alive = None if alive is None else alive.get(slug, False)
+        yield queue_verdict(queue, run_alive, automation.queue_stall_seconds).result(key)
 
 
 # --- the sensor's events ------------------------------------------------------------------------
@@ -139,25 +146,6 @@ def queue_observation(queue: WorkQueue, completed: int) -> dg.AssetObservation:
     return dg.AssetObservation(asset_key=queue_key(queue.collection_slug), metadata=metadata)
 
 
-def queue_check_evaluation(queue: WorkQueue) -> dg.AssetCheckEvaluation:
-    problems = []
-    if queue.failed:
-        problems.append(f"{queue.failed} failed work item(s) wait for an operator's retry")
-    if queue.stuck:
-        problems.append(f"{queue.stuck} stuck work item(s) (lease expired)")
-    return dg.AssetCheckEvaluation(
-        asset_key=queue_key(queue.collection_slug),
-        check_name=QUEUE_CHECK,
-        passed=queue.healthy,
-        severity=dg.AssetCheckSeverity.ERROR,
-        description="; ".join(problems) or "no failed and no stuck work",
-        metadata={
-            "failed": dg.MetadataValue.int(queue.failed),
-            "stuck": dg.MetadataValue.int(queue.stuck),
-        },
-    )
-
-
 # --- the failed items' table --------------------------------------------------------------------
 
 
@@ -167,6 +155,10 @@ def failed_items_markdown(queue: WorkQueue) -> str:
     if not queue.failed_items:
         return "No failed work."
     lines = [
+        "An edit that fixes an entry's content re-queues its work by itself. Retry an item here "
+        "only when it failed for a reason outside its content (a database or resource error "
+        "since fixed): a retry of unchanged content fails the same way.",
+        "",
         f"| content id | error code | attempts | last attempt | `{RETRY_JOB}` run config |",
         "| --- | --- | --- | --- | --- |",
     ]

@@ -7,6 +7,7 @@ from media_usage_orchestration.values.errors import InvalidIdentifierError
 from media_usage_orchestration.values.identifiers import validate_identifier
 
 OUTCOME_TAG = "media_usage/outcome"
+WORKFLOW_TAG = "media_usage/workflow"
 COLLECTION_TAG = "media_usage/collection"
 # The run queue's one limit (deploy/dagster.yaml): runs with the same value run one at a time.
 # Its value is the workflow and the collection (`reconciliation:articles`), so a collection's

@@ -8,6 +8,9 @@ from pydantic import Field
 from media_usage_orchestration.processing.scrub import SLICE_ENTRIES, SLICE_SECONDS
 from media_usage_orchestration.values.errors import InvalidSettingError
 
+# How long due work may wait before the queue counts as stalled (assets/health.py).
+DEFAULT_QUEUE_STALL_SECONDS = 300.0
+
 # How long a drained work run waits for more work, for a whole deployment (overrides the
 # automation resource's `work_linger_seconds`); 0 where runs execute one at a time in one
 # process.
@@ -52,6 +55,13 @@ class MediaUsageAutomation(dg.ConfigurableResource):
     )
     work_batch_size: int = Field(
         default=25, ge=1, le=100, description="Work items claimed per statement."
+    )
+    queue_stall_seconds: float = Field(
+        default=DEFAULT_QUEUE_STALL_SECONDS,
+        ge=60,
+        le=86400,
+        description="How long a collection's oldest due work item may wait (and its coverage "
+        "stay incomplete without progress) before queue_healthy (and coverage_complete) fail.",
     )
     scrub_slice_entries: int = Field(
         default=SLICE_ENTRIES,

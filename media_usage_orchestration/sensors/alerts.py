@@ -2,11 +2,12 @@
 failing, and one when it passes again; never one per tick.
 
 It reads only the Dagster instance. The checks it watches are those the code location defines
-under one of `ALERT_CHECKS`: `coverage_complete` of `media_usage_index`, one per collection
-partition, and `queue_healthy` of each collection's asset `media_usage_queue/<slug>`. For each
-it reads the latest evaluation per partition (unpartitioned: of the check), in one query per
-partitioned check and one for all unpartitioned ones. The collection is the partition, else the
-asset key's last part.
+under one of `ALERT_CHECKS`: `coverage_complete` of each collection's asset
+`media_usage_coverage/<slug>` and `queue_healthy` of its asset `media_usage_queue/<slug>`, whose
+latest evaluations the queue sensor keeps current (`assets/health.py`). For each it reads the
+latest evaluation (of a partitioned check: per partition), in one query for all unpartitioned
+checks and one per partitioned check. The collection is the partition, else the asset key's
+last part.
 
 The cursor holds what was announced as failing, so a restart announces nothing again; a check
 first seen failing is announced, one first seen passing is not. A post the webhook did not take
@@ -29,12 +30,11 @@ from dagster._core.storage.asset_check_execution_record import (
     AssetCheckExecutionRecordStatus,
 )
 
-from media_usage_orchestration.assets.index import COVERAGE_CHECK
+from media_usage_orchestration.assets.health import COVERAGE_CHECK, QUEUE_CHECK
 from media_usage_orchestration.ops.common import automation_default_status
 
 ALERT_WEBHOOK_ENV = "MEDIA_USAGE_ALERT_WEBHOOK_URL"
 WEBHOOK = f"the webhook at {ALERT_WEBHOOK_ENV}"
-QUEUE_CHECK = "queue_healthy"
 ALERT_CHECKS = (COVERAGE_CHECK, QUEUE_CHECK)
 WEBHOOK_TIMEOUT_SECONDS = 5.0
 # A tick must end well inside the 60 s sensor budget even when every post is slow.
@@ -42,10 +42,13 @@ MAX_ANNOUNCEMENTS_PER_TICK = 8
 MAX_DESCRIPTION_CHARS = 500
 # What to do, per check; `{slug}` is the collection.
 CHECK_ADVICE = {
-    COVERAGE_CHECK: "`media-usage status` shows its coverage and work; retry failed work with "
-    "`media-usage work retry --collection {slug} --all-failed`, a failed reconciliation with "
-    "`media-usage reconciliations retry --collection {slug}`",
-    QUEUE_CHECK: "`media-usage work list --collection {slug}` lists its queued work",
+    COVERAGE_CHECK: "`media-usage status` shows its coverage and work. Failed work: an edit that "
+    "fixes the content re-queues its entry by itself; retry only what failed for reasons outside "
+    "the content (`media-usage work retry --collection {slug} --all-failed`). A failed "
+    "reconciliation: `media-usage reconciliations retry --collection {slug}` once the cause is "
+    "fixed",
+    QUEUE_CHECK: "`media-usage work list --collection {slug}` lists its queued work; a stalled "
+    "queue with no work run alive needs the daemon, the work sensor and the code server running",
 }
 DEFAULT_ADVICE = "the check's latest evaluation (description and metadata) says why"
 

@@ -1,11 +1,14 @@
-"""The queue sensor: every live collection's work queue as an observation of its asset
-`media_usage_queue/<slug>` and an evaluation of its check `queue_healthy`, reported by the tick
+"""The queue sensor: every live collection's work queue and coverage as observations of its
+assets `media_usage_queue/<slug>` and `media_usage_coverage/<slug>`, and the evaluations of
+their checks `queue_healthy` and `coverage_complete` (`assets/health.py`), reported by the tick
 itself (no run is launched, so an idle deployment launches none).
 
 A collection is observed when its numbers change (the counts, the first due item, the newest
-failures, the items completed in the last 5 minutes) and at least every 5 minutes, so its lag
-keeps plotting while nothing moves: the cursor keeps, per collection, a digest of what was last
-observed and when (database time).
+failures, the items completed in the last 5 minutes, the coverage numbers) and at least every
+5 minutes, so its lag keeps plotting while nothing moves: the cursor keeps, per collection, a
+digest of what was last observed and when (database time). A check is evaluated whenever the
+verdict read now differs from its latest stored evaluation: the only writer of both checks, so
+their latest evaluations are at most one tick old.
 
 Completed work leaves nothing in the database (a completed work row is deleted, and the status
 row keeps only the time of the last success), so "completed in the last 5 minutes" is what
@@ -17,25 +20,44 @@ tag says which collection). Items completed elsewhere (a reconciliation's drain,
 import hashlib
 import json
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
+from media_usage_orchestration.assets.coverage_history import (
+    coverage_history_key,
+    coverage_observation,
+)
+from media_usage_orchestration.assets.health import (
+    COVERAGE_CHECK,
+    QUEUE_CHECK,
+    Verdict,
+    coverage_metadata,
+    coverage_verdict,
+    queue_verdict,
+    stale_evaluations,
+    work_runs_alive,
+)
 from media_usage_orchestration.assets.queue import (
     COMPLETED_WINDOW_SECONDS,
-    queue_check_evaluation,
+    queue_key,
     queue_observation,
 )
 from media_usage_orchestration.jobs import media_usage_work
 from media_usage_orchestration.ops.common import automation_default_status
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
 from media_usage_orchestration.ops.work import COUNT_TAGS
+from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import probe_when_ready
 from media_usage_orchestration.store.core.clock import seconds_between
+from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.coverage import CollectionCoverage, read_all_coverage
 from media_usage_orchestration.store.queue import QueueReading, WorkQueue, read_work_queues
 
 OBSERVE_AT_LEAST_EVERY_SECONDS = 300
+QUEUE_SENSOR_INTERVAL_SECONDS = 30
 # Work runs end a few a minute per collection; more than this in 5 minutes are not counted.
 MAX_RECENT_WORK_RUNS = 1000
 
@@ -44,63 +66,114 @@ Observed = dict[str, tuple[str, str]]
 
 
 @dg.sensor(
-    minimum_interval_seconds=30,
+    minimum_interval_seconds=QUEUE_SENSOR_INTERVAL_SECONDS,
     default_status=automation_default_status(),
     description="Observes each live collection's work queue (asset media_usage_queue/<slug>: "
     "due, backing off, leased, stuck, failed, lag, completed in the last 5 minutes, the newest "
-    "failures with their retry config) and evaluates its check queue_healthy, when the numbers "
-    "change and at least every 5 minutes; launches no run.",
+    "failures with their retry config) and coverage (asset media_usage_coverage/<slug>) when "
+    "the numbers change and at least every 5 minutes, and keeps the checks queue_healthy and "
+    "coverage_complete equal to what it reads (evaluated whenever their verdict changes); "
+    "launches no run.",
 )
-def media_usage_queue_sensor(context: dg.SensorEvaluationContext, database: MediaUsageDatabase):
-    reading = probe_when_ready(database, read_work_queues)
+def media_usage_queue_sensor(
+    context: dg.SensorEvaluationContext,
+    database: MediaUsageDatabase,
+    automation: MediaUsageAutomation,
+):
+    reading = probe_when_ready(database, read_health)
     if isinstance(reading, dg.SkipReason):
         return reading
-    if not reading.queues:
+    if not reading.queues.queues:
         return dg.SkipReason("no live collection, no queue to observe")
     completed = completed_by_collection(context.instance)
+    alive = work_runs_alive(context.instance, database.engine)
     before = observed_before(context.cursor)
     observed: Observed = {}
-    events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
-    for queue in reading.queues:
+    observations: list[dg.AssetObservation] = []
+    verdicts: dict[dg.AssetCheckKey, Verdict] = {}
+    read_at = reading.queues.read_at
+    for queue in reading.queues.queues:
         slug = queue.collection_slug
-        digest = queue_digest(queue, completed[slug])
-        if not _observe_again(before.get(slug), digest, reading):
+        coverage = reading.coverage.get(queue.collection_id)
+        run_alive = None if alive is None else alive.get(slug, False)
+        queue_check = dg.AssetCheckKey(queue_key(slug), QUEUE_CHECK)
+        verdicts[queue_check] = queue_verdict(queue, run_alive, automation.queue_stall_seconds)
+        if coverage is not None:
+            coverage_check = dg.AssetCheckKey(coverage_history_key(slug), COVERAGE_CHECK)
+            verdicts[coverage_check] = coverage_verdict(
+                coverage, read_at, automation.queue_stall_seconds
+            )
+        digest = health_digest(queue, completed[slug], coverage)
+        if not _observe_again(before.get(slug), digest, read_at):
             observed[slug] = before[slug]
             continue
-        events += [queue_observation(queue, completed[slug]), queue_check_evaluation(queue)]
-        observed[slug] = (digest, reading.read_at)
+        observations.append(queue_observation(queue, completed[slug]))
+        if coverage is not None:
+            observations.append(coverage_observation(coverage))
+        observed[slug] = (digest, read_at)
+    evaluations = stale_evaluations(context.instance, verdicts)
     cursor = json.dumps(observed, sort_keys=True, separators=(",", ":"))
-    fresh = len(events) // 2
-    if not fresh:
-        return dg.SensorResult(
-            skip_reason=f"the queues of {len(reading.queues)} collection(s) are as last "
-            f"observed (each is observed again within {OBSERVE_AT_LEAST_EVERY_SECONDS} s)",
-            cursor=cursor,
-        )
     # No run is requested: without a reason the tick would read "empty result".
     return dg.SensorResult(
-        asset_events=events,
-        skip_reason=f"observed the queues of {fresh} of {len(reading.queues)} collection(s)",
+        asset_events=[*observations, *evaluations],
+        skip_reason=_tick_summary(reading, observed, before, evaluations),
         cursor=cursor,
     )
 
 
-def _observe_again(before: tuple[str, str] | None, digest: str, reading: QueueReading) -> bool:
+def _tick_summary(reading, observed: Observed, before: Observed, evaluations) -> str:
+    total = len(reading.queues.queues)
+    fresh = sum(1 for slug, seen in observed.items() if before.get(slug) != seen)
+    parts = [
+        f"observed {fresh} of {total} collection(s)"
+        if fresh
+        else f"the {total} collection(s) are as last observed (each is observed again within "
+        f"{OBSERVE_AT_LEAST_EVERY_SECONDS} s)"
+    ]
+    if evaluations:
+        changed = ", ".join(
+            f"{evaluation.asset_key.path[-1]} {evaluation.check_name} "
+            f"{'passed' if evaluation.passed else 'FAILED'}"
+            for evaluation in evaluations
+        )
+        parts.append(f"evaluated {changed}")
+    else:
+        parts.append("every check's latest evaluation is current")
+    return "; ".join(parts)
+
+
+def _observe_again(before: tuple[str, str] | None, digest: str, read_at: str) -> bool:
     if before is None or before[0] != digest:
         return True
-    elapsed = seconds_between(before[1], reading.read_at)
+    elapsed = seconds_between(before[1], read_at)
     return elapsed is None or elapsed >= OBSERVE_AT_LEAST_EVERY_SECONDS
 
 
-def queue_digest(queue: WorkQueue, completed: int) -> str:
-    """What an observation shows but the lag (which grows by itself and is observed again at
+def health_digest(queue: WorkQueue, completed: int, coverage: CollectionCoverage | None) -> str:
+    """What the observations show but the lag (which grows by itself and is observed again at
     the latest every 5 minutes), digested."""
     failures = [
         (item.content_id, item.last_error_code, item.attempt_count, item.updated_at)
         for item in queue.failed_items
     ]
     shown = [queue.counts(), completed, queue.inexact, queue.first_due_at, failures]
+    if coverage is not None:
+        shown.append({name: str(value) for name, value in coverage_metadata(coverage).items()})
     return hashlib.sha256(json.dumps(shown).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class HealthReading:
+    """The live collections' queues, and the coverage of each registry collection by id."""
+
+    queues: QueueReading
+    coverage: dict[str, CollectionCoverage]
+
+
+def read_health(engine: Engine) -> HealthReading:
+    queues = read_work_queues(engine)
+    coverage = {row.collection_id: row for row in read_all_coverage(engine)}
+    return HealthReading(queues, coverage)
 
 
 def observed_before(cursor: str | None) -> Observed:

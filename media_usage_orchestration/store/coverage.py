@@ -23,6 +23,7 @@ from media_usage_orchestration.store.core.schema import (
     collections,
     index_status,
     occurrences,
+    reconciliations,
     sources,
     work,
 )
@@ -62,6 +63,11 @@ class CollectionCoverage:
     stuck_work: int = 0
     # error code -> failed work items with that code
     failed_work_codes: dict[str, int] = field(default_factory=dict)
+    # When the status row last changed, and the collection's reconciliation row with its state
+    # (database time; None without such a row): a reconciliation in progress renews its row.
+    status_updated_at: str | None = None
+    reconciliation_state: str | None = None
+    reconciliation_updated_at: str | None = None
 
     @property
     def needs_operator(self) -> bool:
@@ -103,7 +109,14 @@ def _registry_with_status():
         index_status.c.last_error_code,
         index_status.c.started_at,
         index_status.c.completed_at,
-    ).select_from(collections.outerjoin(index_status, status_row))
+        index_status.c.updated_at.label("status_updated_at"),
+        reconciliations.c.state.label("reconciliation_state"),
+        reconciliations.c.updated_at.label("reconciliation_updated_at"),
+    ).select_from(
+        collections.outerjoin(index_status, status_row).outerjoin(
+            reconciliations, reconciliations.c.collection_id == collections.c.id
+        )
+    )
 
 
 def _coverage(connection: Connection, row: Any) -> CollectionCoverage:

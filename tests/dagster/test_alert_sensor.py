@@ -4,14 +4,13 @@ take (HTTP 500, a redirect, a closed port, no answer) is retried on a later tick
 variable the sensor skips saying which to set; the webhook's URL (its secret token) appears in
 no tick reason, log line or cursor.
 
-Both checks are covered: `coverage_complete` (partitioned by collection, evaluated inside runs
-as the project's runs do) and `queue_healthy` on per-collection `media_usage_queue/<slug>`
-assets, declared here as the code location will declare them, evaluated runless.
+Both checks are covered: `coverage_complete` on per-collection `media_usage_coverage/<slug>`
+assets and `queue_healthy` on `media_usage_queue/<slug>` assets, declared here as the code
+location declares them, evaluated runless as the queue sensor evaluates them.
 
 The sensor reads only the Dagster instance, never the project's database, so these tests run
-once, on the `instance` fixture (Dagster's ephemeral instance). The test that runs the real
-`media_usage_coverage_check` job needs a project database for that job and runs on both
-dialects.
+once, on the `instance` fixture (Dagster's ephemeral instance). The tests that execute the real
+`coverage_complete` check need a project database for it and run on both dialects.
 """
 
 import contextlib
@@ -31,19 +30,20 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from dagster._core.test_utils import freeze_time
 from dagster._daemon.sensor import execute_sensor_iteration
 
-from media_usage_orchestration.assets.index import COVERAGE_CHECK, MEDIA_USAGE_INDEX
+from media_usage_orchestration.assets.coverage_history import (
+    coverage_complete_checks,
+    coverage_history_key,
+)
+from media_usage_orchestration.assets.health import COVERAGE_CHECK, QUEUE_CHECK
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.partitions import media_usage_collections
+from media_usage_orchestration.ops.common import AUTOMATION_ENV
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors import alerts
-from media_usage_orchestration.sensors.alerts import (
-    ALERT_WEBHOOK_ENV,
-    QUEUE_CHECK,
-    media_usage_alert_sensor,
-)
+from media_usage_orchestration.sensors.alerts import ALERT_WEBHOOK_ENV, media_usage_alert_sensor
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from tests.support.reconciliation_runs import daemon_workspace, remote_repository
 from tests.support.sensor_loop import resources
+from tests.support.states import make_collection
 
 SECRET = "T0000/B0000/s3cr3t-t0ken"
 SLUGS = ("blog", "news")
@@ -53,22 +53,37 @@ def _queue_key(slug: str) -> dg.AssetKey:
     return dg.AssetKey(["media_usage_queue", slug])
 
 
-def _queue_check(slug: str) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset=_queue_key(slug), name=QUEUE_CHECK)
-    def queue_healthy() -> dg.AssetCheckResult:
+def _stub_check(asset_key: dg.AssetKey, name: str) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=asset_key, name=name)
+    def check() -> dg.AssetCheckResult:
         return dg.AssetCheckResult(passed=True)
 
-    return queue_healthy
+    return check
 
 
-# The project's definitions with the per-collection queue assets and their checks.
-DEFINITIONS = dg.Definitions.merge(
-    defs,
-    dg.Definitions(
-        assets=[dg.AssetSpec(_queue_key(slug)) for slug in SLUGS],
-        asset_checks=[_queue_check(slug) for slug in SLUGS],
-    ),
-)
+def definitions(slugs=SLUGS) -> dg.Definitions:
+    """The project's definitions with the per-collection assets and their checks (`ghost`'s
+    coverage check the real one, executed by the tests that need it)."""
+    keys = [(_queue_key(slug), QUEUE_CHECK) for slug in slugs]
+    keys += [(coverage_history_key(slug), COVERAGE_CHECK) for slug in slugs]
+    ghost = coverage_history_key("ghost")
+    return dg.Definitions.merge(
+        defs,
+        dg.Definitions(
+            assets=[dg.AssetSpec(key) for key, _ in keys] + [dg.AssetSpec(ghost)],
+            asset_checks=[_stub_check(key, name) for key, name in keys]
+            + coverage_complete_checks(["ghost"]),
+            jobs=[
+                dg.define_asset_job(
+                    "check_ghost",
+                    selection=dg.AssetSelection.checks(dg.AssetCheckKey(ghost, COVERAGE_CHECK)),
+                )
+            ],
+        ),
+    )
+
+
+DEFINITIONS = definitions()
 
 
 @dataclass(frozen=True)
@@ -78,43 +93,26 @@ class Check:
     name: str
 
     def asset_key(self, slug: str) -> dg.AssetKey:
-        return MEDIA_USAGE_INDEX if self.name == COVERAGE_CHECK else _queue_key(slug)
+        return coverage_history_key(slug) if self.name == COVERAGE_CHECK else _queue_key(slug)
 
     def partition(self, slug: str) -> str | None:
-        return slug if self.name == COVERAGE_CHECK else None
+        return None
 
     def record(self, instance: dg.DagsterInstance, slug: str, passed: bool, why: str = "") -> None:
-        evaluation = dg.AssetCheckEvaluation(
-            asset_key=self.asset_key(slug),
-            check_name=self.name,
-            passed=passed,
-            partition=self.partition(slug),
-            severity=dg.AssetCheckSeverity.ERROR,
-            description=why or ("all good" if passed else f"{slug} is broken"),
+        """Evaluated runless, as the queue sensor evaluates both checks."""
+        instance.report_runless_asset_event(
+            dg.AssetCheckEvaluation(
+                asset_key=self.asset_key(slug),
+                check_name=self.name,
+                passed=passed,
+                severity=dg.AssetCheckSeverity.ERROR,
+                description=why or ("all good" if passed else f"{slug} is broken"),
+            )
         )
-        if evaluation.partition is None:
-            instance.report_runless_asset_event(evaluation)
-        else:
-            # Dagster stores one row per (check, run, partition): a second runless evaluation
-            # of one partition collides, so partitioned ones are logged inside a run, as the
-            # project's runs log coverage_complete.
-            _in_a_run(instance, evaluation)
 
 
 COVERAGE, QUEUE = Check(COVERAGE_CHECK), Check(QUEUE_CHECK)
 CHECKS = pytest.mark.parametrize("check", [COVERAGE, QUEUE], ids=lambda check: check.name)
-
-
-def _in_a_run(instance: dg.DagsterInstance, evaluation: dg.AssetCheckEvaluation) -> None:
-    @dg.op
-    def evaluate(context: dg.OpExecutionContext) -> None:
-        context.log_event(evaluation)
-
-    @dg.job
-    def record_evaluation():
-        evaluate()
-
-    assert record_evaluation.execute_in_process(instance=instance).success
 
 
 # --- the receiver --------------------------------------------------------------------------------
@@ -192,7 +190,6 @@ def receiver(webhook_env) -> Iterator[Receiver]:
 
 @pytest.fixture
 def collections(instance) -> dg.DagsterInstance:
-    instance.add_dynamic_partitions(media_usage_collections.name, list(SLUGS))
     return instance
 
 
@@ -206,13 +203,12 @@ def tick(
     instance: dg.DagsterInstance,
     cursor: str | None = None,
     logs: pytest.LogCaptureFixture | None = None,
+    loaded: dg.Definitions = DEFINITIONS,
 ):
     """One evaluation, as the daemon runs it: the sensor's cursor in, the tick's data out.
     With `logs`, they capture every line the sensor logs (its logger is its own, not one of
     the logging module's, so pytest does not see it otherwise)."""
-    with dg.build_sensor_context(
-        instance=instance, cursor=cursor, definitions=DEFINITIONS
-    ) as context:
+    with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=loaded) as context:
         if logs is not None:
             context.log.addHandler(logs.handler)
         data = media_usage_alert_sensor.evaluate_tick(context)
@@ -287,20 +283,19 @@ def test_checks_first_seen_failing_are_announced_each_once(collections, receiver
     assert "collection `blog` fails its check `coverage_complete`" in receiver.texts[0]
     assert "collection `news` fails its check `queue_healthy`" in receiver.texts[1]
     assert "media-usage work retry --collection blog --all-failed" in receiver.texts[0]
-    assert "partition blog" in receiver.texts[0]
+    assert "asset media_usage_coverage/blog, Checks tab" in receiver.texts[0]
     assert _announced(data.cursor) == {
-        ("media_usage_index", COVERAGE_CHECK, "blog"),
+        ("media_usage_coverage/blog", COVERAGE_CHECK, None),
         ("media_usage_queue/news", QUEUE_CHECK, None),
     }
     tick(collections, data.cursor)
     assert len(receiver.requests) == 2
 
 
-def test_the_coverage_check_jobs_failing_evaluation_is_announced(db, collections, receiver):
-    # `ghost` has a partition but no registry collection: the check fails saying so.
-    collections.add_dynamic_partitions(media_usage_collections.name, ["ghost"])
-    run = defs.resolve_job_def("media_usage_coverage_check").execute_in_process(
-        instance=collections, resources=resources(db), tags={"dagster/partition": "ghost"}
+def test_an_executed_coverage_checks_failing_evaluation_is_announced(db, collections, receiver):
+    # `ghost` has an asset but no registry collection: the check fails saying so.
+    run = DEFINITIONS.resolve_job_def("check_ghost").execute_in_process(
+        instance=collections, resources=resources(db)
     )
     assert run.success
 
@@ -309,28 +304,24 @@ def test_the_coverage_check_jobs_failing_evaluation_is_announced(db, collections
     [text] = receiver.texts
     assert "Media usage ERROR: collection `ghost` fails its check `coverage_complete`" in text
     assert "no registry collection 'ghost'" in text
-    assert _announced(data.cursor) == {("media_usage_index", COVERAGE_CHECK, "ghost")}
+    assert _announced(data.cursor) == {("media_usage_coverage/ghost", COVERAGE_CHECK, None)}
 
 
 def test_a_check_being_evaluated_keeps_the_verdict_before_it(collections, receiver, tmp_path):
-    COVERAGE.record(collections, "blog", passed=False)
+    COVERAGE.record(collections, "ghost", passed=False)
     # A check run that dies before evaluating (no schema here) leaves its execution planned.
     broken = {"database": MediaUsageDatabase.for_url(f"sqlite:///{tmp_path / 'none.db'}")}
-    run = defs.resolve_job_def("media_usage_coverage_check").execute_in_process(
-        instance=collections,
-        resources=broken,
-        tags={"dagster/partition": "blog"},
-        raise_on_error=False,
+    run = DEFINITIONS.resolve_job_def("check_ghost").execute_in_process(
+        instance=collections, resources=broken, raise_on_error=False
     )
     assert not run.success
-    [latest] = collections.event_log_storage.get_asset_check_partition_info(
-        [dg.AssetCheckKey(MEDIA_USAGE_INDEX, COVERAGE_CHECK)], partition_keys=["blog"]
-    )
-    assert latest.latest_execution_status is AssetCheckExecutionRecordStatus.PLANNED
+    key = dg.AssetCheckKey(coverage_history_key("ghost"), COVERAGE_CHECK)
+    latest = collections.get_latest_asset_check_evaluation_record(key)
+    assert latest.status is AssetCheckExecutionRecordStatus.PLANNED
 
     data = tick(collections)  # the failing evaluation before the planned one is still announced
     assert len(receiver.requests) == 1
-    assert "collection `blog` fails" in receiver.texts[0]
+    assert "collection `ghost` fails" in receiver.texts[0]
     tick(collections, data.cursor)
     assert len(receiver.requests) == 1
 
@@ -338,10 +329,10 @@ def test_a_check_being_evaluated_keeps_the_verdict_before_it(collections, receiv
 def test_a_deleted_collection_is_forgotten(collections, receiver):
     COVERAGE.record(collections, "blog", passed=False)
     announced = tick(collections)
-    assert _announced(announced.cursor) == {("media_usage_index", COVERAGE_CHECK, "blog")}
+    assert _announced(announced.cursor) == {("media_usage_coverage/blog", COVERAGE_CHECK, None)}
 
-    collections.delete_dynamic_partition(media_usage_collections.name, "blog")
-    data = tick(collections, announced.cursor)
+    # Deleted: the code location reloads without its assets and checks.
+    data = tick(collections, announced.cursor, loaded=definitions(["news"]))
 
     assert len(receiver.requests) == 1
     assert _announced(data.cursor) == set()
@@ -436,7 +427,7 @@ def test_an_unreachable_webhook_is_retried_and_the_tick_still_ends(
         webhook_env.setenv(ALERT_WEBHOOK_ENV, receiver.url)
         delivered = tick(collections, unreachable.cursor)
     assert len(receiver.requests) == 1
-    assert _announced(delivered.cursor) == {("media_usage_index", COVERAGE_CHECK, "blog")}
+    assert _announced(delivered.cursor) == {("media_usage_coverage/blog", COVERAGE_CHECK, None)}
 
 
 # --- no webhook ----------------------------------------------------------------------------------
@@ -471,23 +462,26 @@ def test_an_unreadable_cursor_counts_as_nothing_announced(collections, receiver)
     data = tick(collections, cursor="not json")
 
     assert len(receiver.requests) == 1
-    assert _announced(data.cursor) == {("media_usage_index", COVERAGE_CHECK, "blog")}
+    assert _announced(data.cursor) == {("media_usage_coverage/blog", COVERAGE_CHECK, None)}
 
 
 # --- a real daemon tick --------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_a_real_daemon_tick_announces_once_and_the_daemon_keeps_the_cursor(tmp_path, webhook_env):
+def test_a_real_daemon_tick_announces_once_and_the_daemon_keeps_the_cursor(db, webhook_env):
     """Through a gRPC code server and the sensor daemon's own iteration: the sensor gets its
     repository there, reads the variable in the code server, and the daemon stores the cursor."""
-    # No schema: the location loads without coverage history assets, the other sensors skip.
-    webhook_env.setenv(DATABASE_URL_ENV, f"sqlite:///{tmp_path / 'media_usage.db'}")
+    # The location declares `blog`'s assets and checks from the registry as it loads.
+    make_collection(db.engine, "blog")
+    webhook_env.setenv(DATABASE_URL_ENV, db.url)
+    # Only the alert sensor runs: the queue sensor would evaluate blog's checks itself.
+    webhook_env.setenv(AUTOMATION_ENV, "stopped")
     with receiving() as receiver:
         webhook_env.setenv(ALERT_WEBHOOK_ENV, receiver.url)  # the code server reads it as it starts
         with dg.instance_for_test() as instance, daemon_workspace(instance) as workspace:
             sensor = remote_repository(workspace).get_sensor(media_usage_alert_sensor.name)
-            instance.add_dynamic_partitions(media_usage_collections.name, ["blog"])
+            instance.start_sensor(sensor)
             COVERAGE.record(instance, "blog", passed=False)
             now = datetime.datetime.now(datetime.UTC)
             ticks = []
@@ -514,5 +508,5 @@ def test_a_real_daemon_tick_announces_once_and_the_daemon_keeps_the_cursor(tmp_p
     assert "announced 1 change(s)" in ticks[0].skip_reason
     assert "no check turned failing or passing (1 failing, announced)" in ticks[1].skip_reason
     assert _announced(state.instigator_data.cursor) == {
-        ("media_usage_index", COVERAGE_CHECK, "blog")
+        ("media_usage_coverage/blog", COVERAGE_CHECK, None)
     }

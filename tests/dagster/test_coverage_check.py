@@ -1,17 +1,21 @@
-"""What the asset page shows for a collection equals `media-usage status` for it, after every
-kind of run that changes the collection: the partition's latest materialization carries the
-status numbers, and its latest `coverage_complete` evaluation passes exactly when the status
-says complete with no failed and no stuck work."""
+"""What the UI shows for a collection equals `media-usage status` for it, after every kind of
+run that changes the collection: the `media_usage_index` partition's latest materialization
+carries the status numbers, no run evaluates `coverage_complete`, and after the queue sensor's
+next tick its latest evaluation carries the same numbers and fails exactly on what an operator
+must act on (failed work, a failed reconciliation)."""
 
 import dagster as dg
 import pytest
-from dagster._core.event_api import PartitionKeyFilter
 
-from media_usage_orchestration.assets.index import COVERAGE_CHECK, MEDIA_USAGE_INDEX
+from media_usage_orchestration.assets.coverage_history import coverage_history_key
+from media_usage_orchestration.assets.health import COVERAGE_CHECK, QUEUE_CHECK
+from media_usage_orchestration.assets.index import MEDIA_USAGE_INDEX
+from media_usage_orchestration.assets.queue import queue_key
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
 from media_usage_orchestration.processing.operator import collection_statuses
+from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.work import WorkRepository
 from tests.support.reconciliation_runs import (
@@ -26,7 +30,6 @@ from tests.support.reconciliation_runs import (
 from tests.support.sensor_loop import plain, resources
 from tests.support.states import backdate
 
-CHECK_KEY = dg.AssetCheckKey(MEDIA_USAGE_INDEX, COVERAGE_CHECK)
 # The numbers the asset page and `media-usage status` both show.
 SHOWN = (
     "entries",
@@ -57,32 +60,54 @@ def _page(instance: dg.DagsterInstance, slug: str) -> dict:
     return plain(records.records[0].asset_materialization.metadata)
 
 
-def _check(instance: dg.DagsterInstance, slug: str) -> dg.AssetCheckEvaluation:
-    [record] = instance.event_log_storage.get_asset_check_execution_history(
-        CHECK_KEY, limit=1, partition_filter=PartitionKeyFilter(key=slug)
-    )
-    assert record.partition == slug
-    return record.event.asset_check_evaluation
+def _tick(db, instance: dg.DagsterInstance) -> None:
+    """The queue sensor's tick, its events stored as the daemon stores them."""
+    with dg.build_sensor_context(instance=instance, resources=resources(db)) as context:
+        data = media_usage_queue_sensor.evaluate_tick(context)
+    for event in data.asset_events:
+        instance.report_runless_asset_event(event)
+
+
+def _check(
+    instance: dg.DagsterInstance, slug: str, check: str = COVERAGE_CHECK
+) -> dg.AssetCheckEvaluation:
+    asset = coverage_history_key(slug) if check == COVERAGE_CHECK else queue_key(slug)
+    record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(asset, check))
+    return record.evaluation
+
+
+def _evaluated_in_runs(instance: dg.DagsterInstance) -> list[str]:
+    return [
+        record.run_id
+        for slug in ("articles", "pages")
+        for record in instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(coverage_history_key(slug), COVERAGE_CHECK), limit=100
+        )
+        if record.run_id
+    ]
 
 
 def assert_page_equals_status(db, instance: dg.DagsterInstance, slug: str) -> bool:
-    """The page's numbers and the check's verdict against the status; returns the verdict."""
-    status, page, check = _status(db, slug), _page(instance, slug), _check(instance, slug)
-    assert page["coverage"] == check.metadata["coverage"].value == status.status
+    """The page's numbers and, after a queue sensor tick, the check's against the status;
+    returns the check's verdict."""
+    status, page = _status(db, slug), _page(instance, slug)
+    assert page["coverage"] == status.status
     assert {name: page[name] for name in SHOWN} == {name: getattr(status, name) for name in SHOWN}
-    assert {name: check.metadata[name].value for name in SHOWN} == {
+    assert page["error_code"] == (status.last_error_code or "-")
+    assert _evaluated_in_runs(instance) == []  # no run evaluates the check
+    _tick(db, instance)
+    # The numbers on the collection's own asset (observed when they change), the verdict on its
+    # check (evaluated when it changes).
+    [observed] = instance.fetch_observations(coverage_history_key(slug), limit=1).records
+    numbers = observed.asset_observation.metadata
+    assert numbers["coverage"].value == status.status
+    assert {name: numbers[name].value for name in SHOWN} == {
         name: getattr(status, name) for name in SHOWN
     }
-    complete = status.status == "complete" and status.failed_work == 0 == status.stuck_work
-    assert check.passed is complete
+    check = _check(instance, slug)
+    # Everything here changed moments ago: only what an operator must act on fails.
+    assert check.passed is (status.failed_work == 0 and status.status != "failed")
     assert check.severity is dg.AssetCheckSeverity.ERROR
-    assert page["error_code"] == (status.last_error_code or "-")
-    # The evaluation targets the latest materialization, so the check's Partitions tab counts
-    # it (passed or failed) instead of showing the partition as not evaluated.
-    [info] = instance.event_log_storage.get_asset_check_partition_info(
-        [CHECK_KEY], partition_keys=[slug]
-    )
-    assert info.is_current
     return check.passed
 
 
@@ -90,10 +115,11 @@ def test_the_asset_page_equals_status_after_every_kind_of_run(db):
     write_collections(db.engine, {"articles": 12, "pages": 8})
     writer = CmsWriter(db.engine)
     with dg.DagsterInstance.ephemeral() as instance:
-        # Activation: capture installed, coverage not trusted yet.
+        # Activation: capture installed, coverage on its way (not a failure yet).
         activate_with_job(db, instance)
         for slug in ("articles", "pages"):
-            assert assert_page_equals_status(db, instance, slug) is False
+            assert assert_page_equals_status(db, instance, slug) is True
+            assert "making progress" in _check(instance, slug).description
 
         # Reconciliation completes coverage.
         for slug in ("articles", "pages"):
@@ -137,27 +163,27 @@ def test_the_asset_page_equals_status_after_every_kind_of_run(db):
             warning
         )
 
-        # An operator's retry reopens the failed item: no failed work, still not complete.
+        # An operator's retry reopens the failed item: no failed work, pending again.
         retry = _job("retry_media_usage_work").execute_in_process(
             instance=instance,
             resources=resources(db),
             run_config={"ops": {"reopen_failed_work": {"config": {"collection": "pages"}}}},
         )
         assert retry.success
-        assert assert_page_equals_status(db, instance, "pages") is False
+        assert assert_page_equals_status(db, instance, "pages") is True
         assert _page(instance, "pages")["operator_retry"] == "work"
         assert (_status(db, "pages").failed_work, _status(db, "pages").pending_work) == (0, 1)
 
-        # Stuck work: a claimed item whose lease expired. The check job evaluates it on demand.
+        # Stuck work: a claimed item whose lease expired. The queue's check says so.
         [claimed] = WorkRepository(db.engine).claim_due_batch(1, 60)
         backdate(db.engine, schema.work, "lease_expires_at", 120, content_id=claimed.content_id)
-        check_run = _job("media_usage_coverage_check").execute_in_process(
-            instance=instance, resources=resources(db), tags={"dagster/partition": "pages"}
-        )
-        assert check_run.success
+        _tick(db, instance)
         assert _status(db, "pages").stuck_work == 1
-        evaluation = _check(instance, "pages")
-        assert (evaluation.passed, evaluation.metadata["stuck_work"].value) == (False, 1)
+        [observed] = instance.fetch_observations(coverage_history_key("pages"), limit=1).records
+        assert observed.asset_observation.metadata["stuck_work"].value == 1
+        assert _check(instance, "pages").passed  # the queue's concern, not the coverage's
+        evaluation = _check(instance, "pages", QUEUE_CHECK)
+        assert not evaluation.passed
         assert "1 stuck work item(s)" in evaluation.description
 
         # Deletion: the collection leaves the status and its partition leaves the asset.

@@ -1,6 +1,7 @@
 """Coverage history: the code location declares one asset `media_usage_coverage/<slug>` per
-live collection, read from the registry when it loads (never by run workers), and every
-recorded coverage materializes it with the numbers of the collection's partition."""
+live collection, read from the registry when it loads (never by run workers), with its checks;
+the queue sensor observes it with the numbers of the collection's partition, and no run
+materializes it."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from media_usage_orchestration.assets.coverage_history import (
 from media_usage_orchestration.assets.index import MEDIA_USAGE_INDEX
 from media_usage_orchestration.assets.index_drift import INDEX_MATCHES_CONTENT
 from media_usage_orchestration.definitions import defs
+from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from media_usage_orchestration.store.deletions import DeletionRepository
@@ -79,7 +81,11 @@ def test_the_location_declares_one_asset_per_live_collection(db, monkeypatch):
     assert set(repository.asset_graph.get_all_asset_keys()) >= BASE_KEYS
     alpha = repository.asset_graph.get(coverage_history_key("alpha"))
     assert (alpha.group_name, alpha.partitions_def) == (COVERAGE_HISTORY_GROUP, None)
-    assert "entries" in alpha.description and "duration_seconds" in alpha.description
+    assert "entries" in alpha.description and "observed" in alpha.description
+    assert {(key.asset_key, key.name) for key in repository.asset_graph.asset_check_keys} >= {
+        (coverage_history_key("alpha"), "coverage_complete"),
+        (coverage_history_key("alpha"), "index_matches_content"),
+    }
     # Every job of `defs` still loads unchanged.
     assert {job.name for job in repository.get_all_jobs()} >= {
         job.name for job in defs.resolve_all_job_defs()
@@ -162,26 +168,38 @@ def test_a_reload_drops_a_deleted_collection(db, monkeypatch):
     assert _history_keys(_load(monkeypatch, db.url)) == {coverage_history_key("alpha")}
 
 
-def test_a_reconciliation_materializes_the_collection_history_like_its_partition(db):
+def test_the_queue_sensor_observes_the_collection_history_runs_only_its_partition(db):
     write_collections(db.engine, {"articles": 12, "pages": 5})
     with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
         instance.add_dynamic_partitions(PARTITIONS, ["articles", "pages"])
         assert run_partition(db, instance, "articles").success
+        observe(db, instance)
 
         partition = _metadata(instance, MEDIA_USAGE_INDEX, "articles")
         history = _metadata(instance, coverage_history_key("articles"))
-        pages = _metadata(instance, coverage_history_key("pages"))
+        observed = _observed(instance, coverage_history_key("articles"))
 
-    # Activation and the reconciliation each recorded the collection once, on both assets.
-    assert len(history) == len(partition) == 2
-    assert history == partition
-    assert len(pages) == 1
-    latest = history[-1]
+    # Activation and the reconciliation each materialized the partition; no run materialized
+    # the collection's own asset, which the sensor observed with the same numbers.
+    assert len(partition) == 2 and history == []
+    [latest] = observed
+    shown = ("coverage", "entries", "sources", "occurrences", "pending_work", "failed_work")
+    assert {name: latest[name] for name in shown} == {name: partition[-1][name] for name in shown}
     assert (latest["coverage"], latest["entries"], latest["sources"]) == ("complete", 12, 12)
-    for name in ("occurrences", "pending_work", "failed_work", "stuck_work"):
-        assert isinstance(latest[name], int)
-    assert latest["duration_seconds"] >= 0
+    assert partition[-1]["duration_seconds"] >= 0
+
+
+def observe(db, instance) -> None:
+    with dg.build_sensor_context(instance=instance, resources=resources(db)) as context:
+        data = media_usage_queue_sensor.evaluate_tick(context)
+    for event in data.asset_events:
+        instance.report_runless_asset_event(event)
+
+
+def _observed(instance, key: dg.AssetKey) -> list[dict]:
+    records = instance.fetch_observations(key, limit=100, ascending=True).records
+    return [plain(record.asset_observation.metadata) for record in records]
 
 
 def _metadata(instance, key: dg.AssetKey, partition: str | None = None) -> list[dict]:
@@ -198,7 +216,8 @@ def test_a_deletion_request_wipes_the_collection_history_only(db):
     request = defs.resolve_job_def("request_collection_deletion")
     with dg.DagsterInstance.ephemeral() as instance:
         activate_with_job(db, instance)
-        assert _metadata(instance, coverage_history_key("pages"))
+        observe(db, instance)
+        assert _observed(instance, coverage_history_key("pages"))
 
         result = request.execute_in_process(
             instance=instance,
@@ -211,4 +230,4 @@ def test_a_deletion_request_wipes_the_collection_history_only(db):
         assert result.success
         # The catalog lists keys with stored events: the deleted collection's has none left.
         assert coverage_history_key("pages") not in instance.all_asset_keys()
-        assert len(_metadata(instance, coverage_history_key("articles"))) == 1
+        assert len(_observed(instance, coverage_history_key("articles"))) == 1

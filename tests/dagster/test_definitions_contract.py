@@ -10,13 +10,13 @@ import itertools
 
 import dagster as dg
 
+from media_usage_orchestration.assets.coverage_history import coverage_complete_checks
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, OUTCOME_TAG
 from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 
 JOBS = {
     "media_usage_activation": ["activate_capture"],
-    "media_usage_coverage_check": ["media_usage_index_coverage_complete"],
     "media_usage_collection_deletion": [
         "claim_deletion",
         "fence",
@@ -45,7 +45,6 @@ JOBS = {
 }
 WORKFLOW_TAGS = {
     "media_usage_activation": "activation",
-    "media_usage_coverage_check": "coverage_check",
     "media_usage_collection_deletion": "collection_deletion",
     "media_usage_maintenance": "maintenance",
     "media_usage_reconciliation": "reconciliation",
@@ -103,15 +102,14 @@ def test_the_coverage_asset_and_the_resource_keys():
         assert defs.resolve_assets_def(key).partitions_def is None
 
 
-def test_the_coverage_check_is_defined_per_collection_partition():
-    [check_key] = defs.resolve_asset_graph().asset_check_keys
-    assert (check_key.asset_key.to_user_string(), check_key.name) == (
-        "media_usage_index",
-        "coverage_complete",
-    )
-    check = defs.resolve_asset_graph().get(check_key)
-    assert check.partitions_def.name == PARTITIONS_DEF
-    assert check.blocking is False
+def test_the_checks_are_defined_per_collection_asset_not_on_the_partitioned_index():
+    # `defs` alone (no registry read) has no check: each collection's checks are declared with
+    # its assets as the location loads (test_coverage_history.py, test_queue_sensor.py).
+    assert list(defs.resolve_asset_graph().asset_check_keys) == []
+    names = {check.name for check in coverage_complete_checks(["blog"])[0].check_specs}
+    assert names == {"coverage_complete"}
+    [spec] = coverage_complete_checks(["blog"])[0].check_specs
+    assert (spec.asset_key.to_user_string(), spec.blocking) == ("media_usage_coverage/blog", False)
 
 
 def test_the_reconciliation_graph_hands_the_claim_through_named_outputs():

@@ -212,7 +212,23 @@ def _child(tier, parent_id: str) -> dg.DagsterRun:
         ]
         return runs[0] if runs else None
 
-    return tier.setup.wait_for(finished, f"the re-execution of {parent_id}", timeout=240)
+    try:
+        return tier.setup.wait_for(finished, f"the re-execution of {parent_id}", timeout=240)
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}\n{_parent_story(tier, parent_id)}") from None
+
+
+def _parent_story(tier, parent_id: str) -> str:
+    """Why a parent may have had no retry: its status and tags (dagster/will_retry among them)
+    and the types and messages of its last events (who failed it, and why)."""
+    run = tier.instance.get_run_by_id(parent_id)
+    records = tier.instance.get_records_for_run(parent_id, ascending=False, limit=12).records
+    events = [
+        f"  {record.event_log_entry.dagster_event_type}: "
+        f"{(record.event_log_entry.message or '')[:200]}"
+        for record in reversed(records)
+    ]
+    return f"parent {run.status.value} tags {dict(run.tags)}\n" + "\n".join(events)
 
 
 def _reconciliation_tags(slug: str, *, force: bool) -> dict[str, str]:
