@@ -10,8 +10,9 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 
-# One check per collection partition of `media_usage_index` (assets/index.py).
-PARTITIONED_ASSET_CHECK = "Specifying a partitions_def on an AssetCheckSpec is currently in preview"
+# The per-collection queue and coverage assets are observable sources (assets/queue.py,
+# assets/coverage_history.py).
+OBSERVABLE_SOURCES = "Function `multi_observable_source_asset` is currently in beta"
 # Dagster itself passes `owners` when it binds the sensors to their jobs' resources.
 SENSOR_OWNERS = "Parameter `owners` of initializer `SensorDefinition.__init__` is currently in beta"
 

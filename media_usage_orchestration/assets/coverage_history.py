@@ -17,7 +17,7 @@ schema, no driver) the location loads without these assets.
 """
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 from dagster._core.definitions.definitions_load_context import (
@@ -32,6 +32,7 @@ from media_usage_orchestration.assets.health import (
     tag_check_run,
 )
 from media_usage_orchestration.assets.index_drift import index_drift_checks
+from media_usage_orchestration.previews import OBSERVABLE_SOURCES, accepting
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.coverage import CollectionCoverage, read_all_coverage
@@ -88,42 +89,50 @@ def coverage_check_specs(slugs: Sequence[str]) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def coverage_complete_checks(slugs: Sequence[str]) -> list[dg.AssetChecksDefinition]:
-    """The `coverage_complete` check of each collection's asset, in one definition whose
-    checks execute together; none without collections."""
+def coverage_assets(slugs: Sequence[str]) -> list[dg.AssetsDefinition]:
+    """The collections' coverage assets as observable sources (the UI shows when each was last
+    observed, and "Observe" reads the coverage now), with their `coverage_complete` checks;
+    none without collections."""
     if not slugs:
         return []
+    with accepting(OBSERVABLE_SOURCES):
+        observable = dg.multi_observable_source_asset(
+            specs=coverage_history_specs(slugs),
+            check_specs=coverage_check_specs(slugs),
+            can_subset=True,
+            name="media_usage_coverage",
+            description="Observe the selected collections' coverage now, from the database, "
+            "and evaluate their coverage_complete checks.",
+        )
+    return [observable(_observe_coverage_now)]
 
-    @dg.multi_asset_check(
-        specs=coverage_check_specs(slugs),
-        can_subset=True,
-        name="media_usage_coverage_complete",
-        description="Evaluate coverage_complete now, from the database.",
-    )
-    def coverage_complete(
-        context: dg.AssetCheckExecutionContext,
-        database: MediaUsageDatabase,
-        automation: MediaUsageAutomation,
-    ):
-        engine = database.engine
-        by_slug = {coverage.collection_slug: coverage for coverage in read_all_coverage(engine)}
-        read_at = database_now(engine)
-        keys = sorted(context.selected_asset_check_keys, key=str)
-        tag_check_run(context, keys)
-        for key in keys:
-            coverage = by_slug.get(key.asset_key.path[1])
-            if coverage is None:
-                yield dg.AssetCheckResult(
-                    asset_key=key.asset_key,
-                    check_name=key.name,
-                    passed=False,
-                    description=f"no registry collection {key.asset_key.path[1]!r}",
-                    severity=dg.AssetCheckSeverity.ERROR,
-                )
-                continue
-            yield coverage_verdict(coverage, read_at, automation.queue_stall_seconds).result(key)
 
-    return [coverage_complete]
+def _observe_coverage_now(
+    context: dg.AssetExecutionContext,
+    database: MediaUsageDatabase,
+    automation: MediaUsageAutomation,
+) -> Iterator[dg.ObserveResult | dg.AssetCheckResult]:
+    engine = database.engine
+    by_slug = {coverage.collection_slug: coverage for coverage in read_all_coverage(engine)}
+    read_at = database_now(engine)
+    keys = sorted(context.selected_asset_check_keys, key=str)
+    assets = sorted(context.selected_asset_keys, key=str)
+    tag_check_run(context, [*keys, *(dg.AssetCheckKey(key, COVERAGE_CHECK) for key in assets)])
+    for key in assets:
+        if (coverage := by_slug.get(key.path[1])) is not None:
+            yield dg.ObserveResult(asset_key=key, metadata=coverage_metadata(coverage))
+    for key in keys:
+        coverage = by_slug.get(key.asset_key.path[1])
+        if coverage is None:
+            yield dg.AssetCheckResult(
+                asset_key=key.asset_key,
+                check_name=key.name,
+                passed=False,
+                description=f"no registry collection {key.asset_key.path[1]!r}",
+                severity=dg.AssetCheckSeverity.ERROR,
+            )
+            continue
+        yield coverage_verdict(coverage, read_at, automation.queue_stall_seconds).result(key)
 
 
 def coverage_history_slugs(database: MediaUsageDatabase) -> list[str]:
@@ -147,10 +156,7 @@ def with_coverage_history(base: dg.Definitions, database: MediaUsageDatabase) ->
     """`base` with one coverage history asset per collection, each with its checks
     `coverage_complete` and `index_matches_content`, the slugs kept for workers."""
     slugs = coverage_history_slugs(database)
-    checks = [
-        *coverage_complete_checks(slugs),
-        *index_drift_checks({slug: coverage_history_key(slug) for slug in slugs}),
-    ]
+    checks = index_drift_checks({slug: coverage_history_key(slug) for slug in slugs})
     return dg.Definitions.merge(
-        base, dg.Definitions(assets=coverage_history_specs(slugs), asset_checks=checks)
+        base, dg.Definitions(assets=coverage_assets(slugs), asset_checks=checks)
     )

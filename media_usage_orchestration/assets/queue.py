@@ -14,17 +14,22 @@ rebuild both from the slugs that load stored. A collection created since the loa
 all the same; its asset joins the definitions at the next load ("Reload definitions").
 """
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
 from media_usage_orchestration.assets.coverage_history import COVERAGE_HISTORY_GROUP
 from media_usage_orchestration.assets.health import (
     QUEUE_CHECK,
+    WORK_JOB,
     queue_verdict,
     tag_check_run,
     work_runs_alive,
 )
+from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, COUNT_TAGS
+from media_usage_orchestration.previews import OBSERVABLE_SOURCES, accepting
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.queue import (
@@ -81,11 +86,12 @@ def queue_check_specs(slugs: Sequence[str]) -> list[dg.AssetCheckSpec]:
 
 def queue_slugs(definitions: dg.Definitions) -> list[str]:
     """The collections `definitions` declares a coverage history asset for."""
-    return sorted(
-        asset.key.path[1]
+    keys = [
+        key
         for asset in definitions.assets or ()
-        if isinstance(asset, dg.AssetSpec) and asset.key.path[0] == COVERAGE_HISTORY_GROUP
-    )
+        for key in ([asset.key] if isinstance(asset, dg.AssetSpec) else asset.keys)
+    ]
+    return sorted(key.path[1] for key in keys if key.path[0] == COVERAGE_HISTORY_GROUP)
 
 
 def with_queue_assets(base: dg.Definitions) -> dg.Definitions:
@@ -93,27 +99,40 @@ def with_queue_assets(base: dg.Definitions) -> dg.Definitions:
     slugs = queue_slugs(base)
     if not slugs:
         return base
-    checks = dg.multi_asset_check(
-        name="media_usage_queue_checks",
-        specs=queue_check_specs(slugs),
-        can_subset=True,
-        description="Evaluate queue_healthy now, from the database.",
-    )(_queue_healthy_now)
-    return dg.Definitions.merge(
-        base, dg.Definitions(assets=queue_specs(slugs), asset_checks=[checks])
-    )
+    return dg.Definitions.merge(base, dg.Definitions(assets=[queue_assets(slugs)]))
 
 
-def _queue_healthy_now(
-    context: dg.AssetCheckExecutionContext,
+def queue_assets(slugs: Sequence[str]) -> dg.AssetsDefinition:
+    """The collections' queue assets as observable sources (the UI shows when each was last
+    observed, and "Observe" reads the queues now), with their checks."""
+    with accepting(OBSERVABLE_SOURCES):
+        observable = dg.multi_observable_source_asset(
+            specs=queue_specs(slugs),
+            check_specs=queue_check_specs(slugs),
+            can_subset=True,
+            name="media_usage_queues",
+            description="Observe the selected queues now, from the database, and evaluate their "
+            "queue_healthy checks.",
+        )
+    return observable(_observe_queues_now)
+
+
+def _observe_queues_now(
+    context: dg.AssetExecutionContext,
     database: MediaUsageDatabase,
     automation: MediaUsageAutomation,
-) -> Iterator[dg.AssetCheckResult]:
+) -> Iterator[dg.ObserveResult | dg.AssetCheckResult]:
     engine = database.engine
     queues = {queue.collection_slug: queue for queue in read_work_queues(engine).queues}
     alive = work_runs_alive(context.instance, engine)
+    completed = completed_by_collection(context.instance)
     keys = sorted(context.selected_asset_check_keys, key=str)
-    tag_check_run(context, keys)
+    assets = sorted(context.selected_asset_keys, key=str)
+    tag_check_run(context, [*keys, *(dg.AssetCheckKey(key, QUEUE_CHECK) for key in assets)])
+    for key in assets:
+        if (queue := queues.get(key.path[1])) is not None:
+            observation = queue_observation(queue, completed[queue.collection_slug])
+            yield dg.ObserveResult(asset_key=key, metadata=observation.metadata)
     for key in keys:
         slug = key.asset_key.path[1]
         queue = queues.get(slug)
@@ -129,6 +148,28 @@ def _queue_healthy_now(
             continue
         run_alive = None if alive is None else alive.get(slug, False)
         yield queue_verdict(queue, run_alive, automation.queue_stall_seconds).result(key)
+
+
+# Work runs end a few a minute per collection; more than this in 5 minutes are not counted.
+MAX_RECENT_WORK_RUNS = 1000
+
+
+def completed_by_collection(instance: dg.DagsterInstance) -> Counter[str]:
+    """Items each collection's work runs completed, over the runs last updated in the last 5
+    minutes: their completed-count tag is written as the run's final word, just before it
+    ends. (Run records would give the end time, but read the run table's columns on every
+    call.)"""
+    since = datetime.now(UTC) - timedelta(seconds=COMPLETED_WINDOW_SECONDS)
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(job_name=WORK_JOB, updated_after=since),
+        limit=MAX_RECENT_WORK_RUNS,
+    )
+    completed: Counter[str] = Counter()
+    for run in runs:
+        slug, count = run.tags.get(COLLECTION_TAG), run.tags.get(COUNT_TAGS["completed"], "")
+        if slug and count.isdigit():
+            completed[slug] += int(count)
+    return completed
 
 
 # --- the sensor's events ------------------------------------------------------------------------

@@ -15,6 +15,13 @@ COLLECTION_TAG = "media_usage/collection"
 QUEUE_TAG = "media_usage/queue"
 # The collection id a sensor launched a per-collection run for (the slug can be reused).
 COLLECTION_ID_TAG = "media_usage/collection_id"
+# A work run's counts, written as its final word: items claimed, completed, retried, failed.
+COUNT_TAGS = {
+    "claimed": "media_usage/claimed",
+    "completed": "media_usage/completed",
+    "retry": "media_usage/retried",
+    "failed": "media_usage/failed",
+}
 IN_FLIGHT_STATUSES = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,

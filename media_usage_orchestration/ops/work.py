@@ -24,6 +24,7 @@ from media_usage_orchestration.ops.common import (
 from media_usage_orchestration.ops.progress import logged_progress
 from media_usage_orchestration.ops.run_tags import (
     COLLECTION_ID_TAG,
+    COUNT_TAGS,
     IN_FLIGHT_STATUSES,
     OUTCOME_TAG,
     launched_run,
@@ -41,13 +42,6 @@ from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.probes import MAX_DUE_WORK_COLLECTIONS, due_work_by_collection
 from media_usage_orchestration.store.registry import read_collection_slug
-
-COUNT_TAGS = {
-    "claimed": "media_usage/claimed",
-    "completed": "media_usage/completed",
-    "retry": "media_usage/retried",
-    "failed": "media_usage/failed",
-}
 
 
 class DrainDueWorkConfig(dg.Config):

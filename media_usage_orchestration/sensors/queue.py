@@ -19,9 +19,7 @@ tag says which collection). Items completed elsewhere (a reconciliation's drain,
 
 import hashlib
 import json
-from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
@@ -40,14 +38,11 @@ from media_usage_orchestration.assets.health import (
     work_runs_alive,
 )
 from media_usage_orchestration.assets.queue import (
-    COMPLETED_WINDOW_SECONDS,
+    completed_by_collection,
     queue_key,
     queue_observation,
 )
-from media_usage_orchestration.jobs import media_usage_work
 from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
-from media_usage_orchestration.ops.work import COUNT_TAGS
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import probe_when_ready
@@ -58,8 +53,6 @@ from media_usage_orchestration.store.queue import QueueReading, WorkQueue, read_
 
 OBSERVE_AT_LEAST_EVERY_SECONDS = 300
 QUEUE_SENSOR_INTERVAL_SECONDS = 30
-# Work runs end a few a minute per collection; more than this in 5 minutes are not counted.
-MAX_RECENT_WORK_RUNS = 1000
 
 # slug -> (digest of what was observed, when: database time)
 Observed = dict[str, tuple[str, str]]
@@ -187,21 +180,3 @@ def observed_before(cursor: str | None) -> Observed:
         }
     except (ValueError, TypeError, AttributeError):
         return {}
-
-
-def completed_by_collection(instance: dg.DagsterInstance) -> Counter[str]:
-    """Items each collection's work runs completed, over the runs last updated in the last 5
-    minutes: their completed-count tag is written as the run's final word, just before it
-    ends. (Run records would give the end time, but read the run table's columns on every
-    call.)"""
-    since = datetime.now(UTC) - timedelta(seconds=COMPLETED_WINDOW_SECONDS)
-    runs = instance.get_runs(
-        filters=dg.RunsFilter(job_name=media_usage_work.name, updated_after=since),
-        limit=MAX_RECENT_WORK_RUNS,
-    )
-    completed: Counter[str] = Counter()
-    for run in runs:
-        slug, count = run.tags.get(COLLECTION_TAG), run.tags.get(COUNT_TAGS["completed"], "")
-        if slug and count.isdigit():
-            completed[slug] += int(count)
-    return completed

@@ -93,7 +93,9 @@ def assert_beside_the_floor(report: dict) -> None:
         report["run_seconds"] - report["run_steps_seconds"], abs=0.001
     )
     # The real run does everything its floor does (same graph, same IO manager) and more.
-    assert report["events_per_run"] > report["floor_events_per_run"] > 0
+    # No run evaluates a check or observes the per-collection assets: the project's runs record
+    # no more events than the floor's.
+    assert report["events_per_run"] >= report["floor_events_per_run"] > 0
     assert report["run_steps_seconds"] > 0
     assert report["overhead_over_floor"] == pytest.approx(
         report["run_overhead_seconds"] / report["dagster_floor_seconds"], abs=0.01

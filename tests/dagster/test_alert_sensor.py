@@ -31,7 +31,7 @@ from dagster._core.test_utils import freeze_time
 from dagster._daemon.sensor import execute_sensor_iteration
 
 from media_usage_orchestration.assets.coverage_history import (
-    coverage_complete_checks,
+    coverage_assets,
     coverage_history_key,
 )
 from media_usage_orchestration.assets.health import COVERAGE_CHECK, QUEUE_CHECK
@@ -70,9 +70,8 @@ def definitions(slugs=SLUGS) -> dg.Definitions:
     return dg.Definitions.merge(
         defs,
         dg.Definitions(
-            assets=[dg.AssetSpec(key) for key, _ in keys] + [dg.AssetSpec(ghost)],
-            asset_checks=[_stub_check(key, name) for key, name in keys]
-            + coverage_complete_checks(["ghost"]),
+            assets=[dg.AssetSpec(key) for key, _ in keys] + coverage_assets(["ghost"]),
+            asset_checks=[_stub_check(key, name) for key, name in keys],
             jobs=[
                 dg.define_asset_job(
                     "check_ghost",

@@ -17,9 +17,8 @@ import dagster as dg
 import pytest
 
 from media_usage_orchestration.assets.coverage_history import (
-    coverage_complete_checks,
+    coverage_assets,
     coverage_history_key,
-    coverage_history_specs,
 )
 from media_usage_orchestration.assets.health import COVERAGE_CHECK, QUEUE_CHECK
 from media_usage_orchestration.assets.queue import queue_key, with_queue_assets
@@ -124,8 +123,7 @@ class World:
         location loads them, and a job executing both checks (the UI's "Execute")."""
         collection = with_queue_assets(
             dg.Definitions(
-                assets=coverage_history_specs([SLUG]),
-                asset_checks=coverage_complete_checks([SLUG]),
+                assets=coverage_assets([SLUG]),
             )
         )
         execute = dg.define_asset_job(

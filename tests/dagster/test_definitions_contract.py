@@ -10,7 +10,7 @@ import itertools
 
 import dagster as dg
 
-from media_usage_orchestration.assets.coverage_history import coverage_complete_checks
+from media_usage_orchestration.assets.coverage_history import coverage_assets
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, OUTCOME_TAG
 from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
@@ -106,9 +106,9 @@ def test_the_checks_are_defined_per_collection_asset_not_on_the_partitioned_inde
     # `defs` alone (no registry read) has no check: each collection's checks are declared with
     # its assets as the location loads (test_coverage_history.py, test_queue_sensor.py).
     assert list(defs.resolve_asset_graph().asset_check_keys) == []
-    names = {check.name for check in coverage_complete_checks(["blog"])[0].check_specs}
+    names = {check.name for check in coverage_assets(["blog"])[0].check_specs}
     assert names == {"coverage_complete"}
-    [spec] = coverage_complete_checks(["blog"])[0].check_specs
+    [spec] = coverage_assets(["blog"])[0].check_specs
     assert (spec.asset_key.to_user_string(), spec.blocking) == ("media_usage_coverage/blog", False)
 
 

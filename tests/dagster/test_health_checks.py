@@ -12,9 +12,8 @@ import pytest
 from sqlalchemy import update
 
 from media_usage_orchestration.assets.coverage_history import (
-    coverage_complete_checks,
+    coverage_assets,
     coverage_history_key,
-    coverage_history_specs,
 )
 from media_usage_orchestration.assets.health import (
     CHECK_WORKFLOW,
@@ -159,8 +158,7 @@ def test_executing_the_coverage_check_reads_the_database_and_tags_its_run(db, in
     make_collection(db.engine, "beta")
     insert_works(db.engine, [{"content_id": "x", **failed("CODE", attempts=5)}], **of(alpha))
     definitions = dg.Definitions(
-        assets=coverage_history_specs(["alpha", "beta"]),
-        asset_checks=coverage_complete_checks(["alpha", "beta"]),
+        assets=coverage_assets(["alpha", "beta"]),
         jobs=[dg.define_asset_job("execute", selection=dg.AssetSelection.checks(COVERAGE))],
         resources=resources(db),
     )

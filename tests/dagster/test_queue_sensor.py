@@ -287,7 +287,7 @@ def test_no_live_collection_is_a_skip(db, instance):
     assert (data.asset_events, data.skip_message) == ([], "no live collection, no queue to observe")
 
 
-def test_executing_the_check_reads_the_queue_now(db, instance, alpha):
+def test_observing_the_queues_and_executing_the_check_read_the_database_now(db, instance, alpha):
     definitions = with_queue_assets(
         dg.Definitions(assets=coverage_history_specs(["alpha", "beta"]), resources=resources(db))
     )
@@ -300,6 +300,14 @@ def test_executing_the_check_reads_the_queue_now(db, instance, alpha):
         for evaluation in result.get_asset_check_evaluations()
     }
     assert verdicts == {"alpha": False, "beta": True}
+    observed = {
+        event.asset_key.path[1]: plain(event.event_specific_data.asset_observation.metadata)
+        for event in result.all_events
+        if event.event_type_value == "ASSET_OBSERVATION"
+    }
+    assert (observed["alpha"]["due"], observed["alpha"]["failed"]) == (2, 1)
+    tags = instance.get_run_by_id(result.run_id).tags
+    assert tags["media_usage/workflow"] == "check"
 
 
 @pytest.fixture
@@ -326,10 +334,11 @@ def test_the_location_declares_a_queue_asset_and_its_check_per_collection(
         (queue_key("beta"), QUEUE_CHECK),
     }
     alpha = graph.get(queue_key("alpha"))
-    assert (alpha.group_name, alpha.partitions_def, alpha.is_executable) == (
+    # An observable source: the UI shows when it was last observed, and "Observe" reads it.
+    assert (alpha.group_name, alpha.partitions_def, alpha.is_observable) == (
         QUEUE_GROUP,
         None,
-        False,
+        True,
     )
     # Every job of `defs` still loads unchanged.
     assert {job.name for job in repository.get_all_jobs()} >= {

@@ -4,7 +4,7 @@ import warnings
 
 import dagster as dg
 
-from media_usage_orchestration.previews import PARTITIONED_ASSET_CHECK, accepting
+from media_usage_orchestration.previews import OBSERVABLE_SOURCES, accepting
 
 
 def _warned(*emitted: Warning) -> list[str]:
@@ -16,10 +16,10 @@ def _warned(*emitted: Warning) -> list[str]:
 
 
 def test_a_named_preview_warning_is_silenced_inside_and_shown_outside():
-    named = dg.PreviewWarning(PARTITIONED_ASSET_CHECK + " and may change.")
+    named = dg.BetaWarning(OBSERVABLE_SOURCES + " and may change.")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with accepting(PARTITIONED_ASSET_CHECK):
+        with accepting(OBSERVABLE_SOURCES):
             warnings.warn(named, stacklevel=1)
         inside = len(caught)
         warnings.warn(named, stacklevel=1)
@@ -31,7 +31,7 @@ def test_any_other_warning_still_shows_inside():
     other = dg.BetaWarning("Parameter `x` of initializer `Y` is currently in beta")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with accepting(PARTITIONED_ASSET_CHECK):
+        with accepting(OBSERVABLE_SOURCES):
             warnings.warn(other, stacklevel=1)
             warnings.warn(UserWarning("unrelated"), stacklevel=1)
     assert [str(record.message) for record in caught] == [str(other), "unrelated"]

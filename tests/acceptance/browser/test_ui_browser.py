@@ -28,6 +28,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from rich.console import Console
 
 from media_usage_orchestration.assets.coverage_history import coverage_history_key
+from media_usage_orchestration.assets.health import COVERAGE_CHECK
 from media_usage_orchestration.assets.queue import queue_key
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.demo import DELETED_COLLECTION, DemoCollection, run_demo
@@ -84,6 +85,7 @@ DEMO = (
 )
 JOB_PATH = f"{LOCATION_PATH}/jobs/{RECONCILIATION_JOB.name}"
 WORK_JOB = "media_usage_work"
+COVERAGE_KEY = dg.AssetCheckKey(coverage_history_key("pages"), COVERAGE_CHECK)
 COMPLETED_TAG = COUNT_TAGS["completed"]
 MEDIA_LIBRARY_KEY = dg.AssetKey("media_usage_media_library")
 
@@ -167,22 +169,20 @@ def test_the_demos_media_library_page_shows_its_unused_count(ui):
 # --- (b) an item failed for good fails the coverage check ------------------------------------
 
 
-def test_an_item_failed_for_good_shows_the_coverage_check_failed_on_the_checks_tab(ui):
+def test_an_item_failed_for_good_fails_the_coverage_check_without_a_run(ui):
     CmsWriter(ui.engine).insert_entry("pages", oversized_entry("oversized"))
     work = ui.wait_for_run(ui.webserver.submit_job_execution(WORK_JOB))
     assert work.status is dg.DagsterRunStatus.SUCCESS, ui.webserver.stderr_tail()
     assert status_row(ui.engine, "pages")["status"] != "complete"
+    _observe_the_queues(ui)  # the checks' one writer
+    latest = ui.instance.get_latest_asset_check_evaluation_record(COVERAGE_KEY)
+    assert (latest.evaluation.passed, latest.run_id) == (False, "")
 
     with ui.page("b_checks_tab") as page:
-        page.goto(ui.url("/assets/media_usage_index?view=checks"))
-        expect(page.get_by_text("Latest execution")).to_be_visible()
-        # The latest evaluation: the work run's, for `pages`, failed with the item's code.
+        page.goto(ui.url("/assets/media_usage_coverage/pages?view=checks"))
+        page.get_by_text(COVERAGE_CHECK, exact=True).first.click()
         expect(_field(page, "Evaluation result")).to_contain_text("Failed")
-        expect(_field(page, "Partition")).to_contain_text("pages")
-        expect(_field(page, "Timestamp").locator("a")).to_have_attribute(
-            "href", re.compile(f"^/runs/{work.run_id}")
-        )
-        expect(page.get_by_text(f"failed work item(s): {RESOURCE_LIMIT}: 1")).to_be_visible()
+        expect(page.get_by_text(f"({RESOURCE_LIMIT}: 1)").first).to_be_visible()
 
 
 def _observe_the_queues(ui: DemoUi) -> None:
@@ -216,6 +216,25 @@ def test_an_item_failed_for_good_is_in_its_queue_assets_table_and_fails_its_chec
         page.goto(ui.url("/assets/media_usage_queue/pages?view=checks"))
         expect(page.get_by_text("queue_healthy").first).to_be_visible()
         expect(_field(page, "Evaluation result")).to_contain_text("Failed")
+
+    # The content fixed: the edit re-queues the entry, a work run projects it, the next tick
+    # evaluates both checks passed, and every view of the UI says so.
+    CmsWriter(ui.engine).update_entry("pages", "oversized", {"body": []})
+    work = ui.wait_for_run(ui.webserver.submit_job_execution(WORK_JOB))
+    assert work.status is dg.DagsterRunStatus.SUCCESS, ui.webserver.stderr_tail()
+    _observe_the_queues(ui)
+    assert ui.instance.get_latest_asset_check_evaluation_record(COVERAGE_KEY).evaluation.passed
+    with ui.page("queue_recovered") as page:
+        page.goto(ui.url("/assets/media_usage_coverage/pages?view=checks"))
+        page.get_by_text(COVERAGE_CHECK, exact=True).first.click()
+        expect(_field(page, "Evaluation result")).to_contain_text("Passed")
+        page.goto(ui.url("/assets/media_usage_queue/pages?view=checks"))
+        expect(_field(page, "Evaluation result")).to_contain_text("Passed")
+        # The catalog presents the per-collection assets as observed, with the time.
+        # (Two collections: a queue and a coverage asset each; no other asset is observed.)
+        page.goto(ui.url("/assets"))
+        expect(page.get_by_text("media_usage_queue / pages").first).to_be_visible()
+        expect(page.get_by_text("Observed", exact=True)).to_have_count(4)
 
 
 def _field(page: Page, label: str):
@@ -358,24 +377,13 @@ PLOTTED = SHOWN
 CATALOG = "/assets?groups=media_usage_coverage"
 
 
-def _observe(ui) -> None:
-    """A tick of the queue sensor (it observes the coverage asset), stored as the daemon
-    stores it."""
-    database = MediaUsageDatabase.for_url(ui.engine.url.render_as_string(hide_password=False))
-    resources = {"database": database, "automation": MediaUsageAutomation()}
-    with dg.build_sensor_context(instance=ui.instance, resources=resources) as context:
-        data = media_usage_queue_sensor.evaluate_tick(context)
-    for event in data.asset_events:
-        ui.instance.report_runless_asset_event(event)
-
-
 def test_a_collections_plots_show_its_numbers_over_time(ui):
     writer = CmsWriter(ui.engine)
     for index in range(3):
         writer.insert_entry("articles", sample_entry("art", 900 + index))
         run = ui.wait_for_run(ui.webserver.submit_job_execution(WORK_JOB))
         assert run.status is dg.DagsterRunStatus.SUCCESS, ui.webserver.stderr_tail()
-        _observe(ui)
+        _observe_the_queues(ui)
     records = ui.instance.fetch_observations(
         coverage_history_key("articles"), limit=100, ascending=True
     ).records

@@ -72,8 +72,12 @@ def test_status_shows_coverage_index_and_work_per_collection(db, covered):
         "problem": None,
         "stuck_work": 0,
         "failed_work_codes": {},
+        # What coverage_complete judges progress by.
+        "status_updated_at": posts["status_updated_at"],
+        "reconciliation_state": None,  # finalized: its row is gone
+        "reconciliation_updated_at": None,
     }
-    assert posts["started_at"] <= posts["completed_at"]
+    assert posts["started_at"] <= posts["completed_at"] <= posts["status_updated_at"]
     assert drafts["collection_slug"] == "drafts" and drafts["entries"] == 0
     table = invoke(db, "status")
     assert table.exit_code == EXIT_OK and "posts" in table.stdout and "drafts" in table.stdout
