@@ -11,7 +11,8 @@ last part.
 
 The cursor holds what was announced as failing, so a restart announces nothing again; a check
 first seen failing is announced, one first seen passing is not. A post the webhook did not take
-(refused, timed out, an HTTP error) is not recorded, so the next tick posts it again. The URL may
+(refused, timed out, an HTTP error) is not recorded, so the next tick posts it again; a tick
+whose posts were all refused fails, so the tick history shows the failed delivery. The URL may
 carry a secret token: it appears in no reason, log line or cursor.
 """
 
@@ -32,6 +33,7 @@ from dagster._core.storage.asset_check_execution_record import (
 
 from media_usage_orchestration.assets.health import COVERAGE_CHECK, QUEUE_CHECK
 from media_usage_orchestration.ops.common import automation_default_status
+from media_usage_orchestration.values.errors import AlertNotDelivered
 
 ALERT_WEBHOOK_ENV = "MEDIA_USAGE_ALERT_WEBHOOK_URL"
 WEBHOOK = f"the webhook at {ALERT_WEBHOOK_ENV}"
@@ -320,6 +322,10 @@ def media_usage_alert_sensor(context: dg.SensorEvaluationContext):
         )
     messages = _announcements(context.instance, found[:MAX_ANNOUNCEMENTS_PER_TICK])
     delivered, why = _deliver(context, url, messages)
+    if why is not None and not delivered:
+        # Nothing was sent, so the cursor has nothing to keep: a failed tick, visible as such
+        # in the tick history (a skipped one looks like any quiet tick).
+        raise AlertNotDelivered(_tick_reason(delivered, len(found), why))
     for sent in delivered:
         if sent.failing:
             failing.add(sent.target)

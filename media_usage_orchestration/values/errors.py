@@ -110,6 +110,13 @@ class RegistryUnreadable(MediaUsageError):
     code = "MEDIA_USAGE_REGISTRY_UNREADABLE"
 
 
+class AlertNotDelivered(MediaUsageError, RuntimeError):
+    """The alert sensor's webhook took none of the tick's messages: the tick fails, so the
+    tick history shows it, and the next tick posts them again."""
+
+    code = "MEDIA_USAGE_ALERT_NOT_DELIVERED"
+
+
 class CoverageIncomplete(MediaUsageError):
     """An answer that needs complete coverage was asked for while it is not (a problem, not bad
     input: exit 1)."""

@@ -41,6 +41,7 @@ from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors import alerts
 from media_usage_orchestration.sensors.alerts import ALERT_WEBHOOK_ENV, media_usage_alert_sensor
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
+from media_usage_orchestration.values.errors import AlertNotDelivered
 from tests.support.reconciliation_runs import daemon_workspace, remote_repository
 from tests.support.sensor_loop import resources
 from tests.support.states import make_collection
@@ -215,6 +216,18 @@ def tick(
     return data
 
 
+def failed_tick(
+    instance: dg.DagsterInstance,
+    cursor: str | None = None,
+    logs: pytest.LogCaptureFixture | None = None,
+) -> str:
+    """A tick that delivered nothing: it fails (a FAILURE tick in the history), saying why;
+    the message."""
+    with pytest.raises(AlertNotDelivered) as raised:
+        tick(instance, cursor, logs)
+    return str(raised.value)
+
+
 def _announced(cursor: str | None) -> set[tuple]:
     return {(t.asset_key, t.check_name, t.partition) for t in alerts.announced_failing(cursor)}
 
@@ -364,19 +377,18 @@ def test_a_post_the_webhook_refused_is_retried_on_the_next_tick(
     QUEUE.record(collections, "blog", passed=False)
     receiver.status = status
 
-    refused = tick(collections, logs=logs)
+    refused = failed_tick(collections, logs=logs)
 
     assert [r["method"] for r in receiver.requests] == ["POST"]  # a redirect is not followed
-    assert _announced(refused.cursor) == set()
-    assert refused.skip_message == (
+    assert refused == (
         f"delivery failed: the webhook at MEDIA_USAGE_ALERT_WEBHOOK_URL answered HTTP {status}; "
         "1 announcement(s) wait for the next tick"
     )
     assert "alert not delivered" in logs.text
-    assert_secret_absent(refused, logs)
+    assert SECRET not in refused and SECRET not in logs.text
 
     receiver.status = 200
-    delivered = tick(collections, refused.cursor, logs)
+    delivered = tick(collections, None, logs)  # the failed tick kept no cursor
     assert len(receiver.requests) == 2 and receiver.texts[0] == receiver.texts[1]
     assert _announced(delivered.cursor) == {("media_usage_queue/blog", QUEUE_CHECK, None)}
     assert "alert delivered" in logs.text
@@ -412,19 +424,18 @@ def test_an_unreachable_webhook_is_retried_and_the_tick_still_ends(
     COVERAGE.record(collections, "blog", passed=False)
     with port() as number:
         webhook_env.setenv(ALERT_WEBHOOK_ENV, f"http://127.0.0.1:{number}/services/{SECRET}")
-        unreachable = tick(collections, logs=logs)
+        unreachable = failed_tick(collections, logs=logs)
 
-    assert unreachable.skip_message == (
+    assert unreachable == (
         f"delivery failed: the webhook at MEDIA_USAGE_ALERT_WEBHOOK_URL {why}; "
         "1 announcement(s) wait for the next tick"
     )
-    assert _announced(unreachable.cursor) == set()
     assert f"alert not delivered: the webhook at MEDIA_USAGE_ALERT_WEBHOOK_URL {why}" in logs.text
-    assert_secret_absent(unreachable, logs)
+    assert SECRET not in unreachable and SECRET not in logs.text
 
     with receiving() as receiver:
         webhook_env.setenv(ALERT_WEBHOOK_ENV, receiver.url)
-        delivered = tick(collections, unreachable.cursor)
+        delivered = tick(collections, None)
     assert len(receiver.requests) == 1
     assert _announced(delivered.cursor) == {("media_usage_coverage/blog", COVERAGE_CHECK, None)}
 
