@@ -29,10 +29,11 @@ from media_usage_orchestration.assets.health import (
     COVERAGE_CHECK,
     coverage_metadata,
     coverage_verdict,
+    missing_collection,
+    observable_collection_assets,
     tag_check_run,
 )
 from media_usage_orchestration.assets.index_drift import index_drift_checks
-from media_usage_orchestration.previews import OBSERVABLE_SOURCES, accepting
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.coverage import CollectionCoverage, read_all_coverage
@@ -95,16 +96,14 @@ def coverage_assets(slugs: Sequence[str]) -> list[dg.AssetsDefinition]:
     none without collections."""
     if not slugs:
         return []
-    with accepting(OBSERVABLE_SOURCES):
-        observable = dg.multi_observable_source_asset(
-            specs=coverage_history_specs(slugs),
-            check_specs=coverage_check_specs(slugs),
-            can_subset=True,
-            name="media_usage_coverage",
-            description="Observe the selected collections' coverage now, from the database, "
-            "and evaluate their coverage_complete checks.",
+    return [
+        observable_collection_assets(
+            "media_usage_coverage",
+            coverage_history_specs(slugs),
+            coverage_check_specs(slugs),
+            _observe_coverage_now,
         )
-    return [observable(_observe_coverage_now)]
+    ]
 
 
 def _observe_coverage_now(
@@ -122,17 +121,14 @@ def _observe_coverage_now(
         if (coverage := by_slug.get(key.path[1])) is not None:
             yield dg.ObserveResult(asset_key=key, metadata=coverage_metadata(coverage))
     for key in keys:
-        coverage = by_slug.get(key.asset_key.path[1])
-        if coverage is None:
-            yield dg.AssetCheckResult(
-                asset_key=key.asset_key,
-                check_name=key.name,
-                passed=False,
-                description=f"no registry collection {key.asset_key.path[1]!r}",
-                severity=dg.AssetCheckSeverity.ERROR,
-            )
-            continue
-        yield coverage_verdict(coverage, read_at, automation.queue_stall_seconds).result(key)
+        slug = key.asset_key.path[1]
+        coverage = by_slug.get(slug)
+        verdict = (
+            missing_collection(f"no registry collection {slug!r}")
+            if coverage is None
+            else coverage_verdict(coverage, read_at, automation.queue_stall_seconds)
+        )
+        yield verdict.result(key)
 
 
 def coverage_history_slugs(database: MediaUsageDatabase) -> list[str]:

@@ -24,7 +24,7 @@ progress):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
@@ -35,6 +35,7 @@ from media_usage_orchestration.ops.run_tags import (
     WORKFLOW_TAG,
     launched_run,
 )
+from media_usage_orchestration.previews import OBSERVABLE_SOURCES, accepting
 from media_usage_orchestration.store.core.clock import seconds_between
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.core.schema import missing_tables, run_leases
@@ -67,24 +68,48 @@ class Verdict:
         return (self.passed, self.severity.value, self.description)
 
     def evaluation(self, key: dg.AssetCheckKey) -> dg.AssetCheckEvaluation:
-        return dg.AssetCheckEvaluation(
-            asset_key=key.asset_key,
-            check_name=key.name,
-            passed=self.passed,
-            severity=self.severity,
-            description=self.description,
-            metadata=dict(self.metadata),
-        )
+        """Reported by the sensor, without a run."""
+        return dg.AssetCheckEvaluation(**self._fields(key))
 
     def result(self, key: dg.AssetCheckKey) -> dg.AssetCheckResult:
-        return dg.AssetCheckResult(
-            asset_key=key.asset_key,
-            check_name=key.name,
-            passed=self.passed,
-            severity=self.severity,
-            description=self.description,
-            metadata=dict(self.metadata),
+        """Yielded by a run that executes the check."""
+        return dg.AssetCheckResult(**self._fields(key))
+
+    def _fields(self, key: dg.AssetCheckKey) -> dict:
+        return {
+            "asset_key": key.asset_key,
+            "check_name": key.name,
+            "passed": self.passed,
+            "severity": self.severity,
+            "description": self.description,
+            "metadata": dict(self.metadata),
+        }
+
+
+def missing_collection(why: str) -> Verdict:
+    """The verdict of a check executed for a collection that is no longer there."""
+    return Verdict(passed=False, description=why, metadata={})
+
+
+def observable_collection_assets(
+    name: str,
+    specs: Sequence[dg.AssetSpec],
+    check_specs: Sequence[dg.AssetCheckSpec],
+    observe: Callable[..., Iterator[dg.ObserveResult | dg.AssetCheckResult]],
+) -> dg.AssetsDefinition:
+    """Per-collection assets as observable sources (the UI shows when each was last observed,
+    and "Observe" reads the database now) with their checks, in one definition that observes
+    and evaluates what is selected."""
+    with accepting(OBSERVABLE_SOURCES):
+        observable = dg.multi_observable_source_asset(
+            specs=specs,
+            check_specs=check_specs,
+            can_subset=True,
+            name=name,
+            description=f"Observe the selected assets now, from the database, and evaluate "
+            f"their {', '.join(sorted({spec.name for spec in check_specs}))} checks.",
         )
+    return observable(observe)
 
 
 # --- queue_healthy ------------------------------------------------------------------------------

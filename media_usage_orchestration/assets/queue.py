@@ -24,12 +24,13 @@ from media_usage_orchestration.assets.coverage_history import COVERAGE_HISTORY_G
 from media_usage_orchestration.assets.health import (
     QUEUE_CHECK,
     WORK_JOB,
+    missing_collection,
+    observable_collection_assets,
     queue_verdict,
     tag_check_run,
     work_runs_alive,
 )
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, COUNT_TAGS
-from media_usage_orchestration.previews import OBSERVABLE_SOURCES, accepting
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.queue import (
@@ -105,16 +106,9 @@ def with_queue_assets(base: dg.Definitions) -> dg.Definitions:
 def queue_assets(slugs: Sequence[str]) -> dg.AssetsDefinition:
     """The collections' queue assets as observable sources (the UI shows when each was last
     observed, and "Observe" reads the queues now), with their checks."""
-    with accepting(OBSERVABLE_SOURCES):
-        observable = dg.multi_observable_source_asset(
-            specs=queue_specs(slugs),
-            check_specs=queue_check_specs(slugs),
-            can_subset=True,
-            name="media_usage_queues",
-            description="Observe the selected queues now, from the database, and evaluate their "
-            "queue_healthy checks.",
-        )
-    return observable(_observe_queues_now)
+    return observable_collection_assets(
+        "media_usage_queues", queue_specs(slugs), queue_check_specs(slugs), _observe_queues_now
+    )
 
 
 def _observe_queues_now(
@@ -137,14 +131,10 @@ def _observe_queues_now(
         slug = key.asset_key.path[1]
         queue = queues.get(slug)
         if queue is None:
-            yield dg.AssetCheckResult(
-                asset_key=key.asset_key,
-                check_name=QUEUE_CHECK,
-                passed=False,
-                severity=dg.AssetCheckSeverity.ERROR,
-                description=f"{slug!r} is not a live collection (or not among the first "
-                f"{MAX_QUEUE_COLLECTIONS} by slug, whose queues are read)",
-            )
+            yield missing_collection(
+                f"{slug!r} is not a live collection (or not among the first "
+                f"{MAX_QUEUE_COLLECTIONS} by slug, whose queues are read)"
+            ).result(key)
             continue
         run_alive = None if alive is None else alive.get(slug, False)
         yield queue_verdict(queue, run_alive, automation.queue_stall_seconds).result(key)
