@@ -1,7 +1,8 @@
 """What README.md and deploy/README.md state that a test can check: the sensors and schedules
 they name exist (and the number the first start counts), the environment variables the
 deployed code reads are the ones the guide lists, the run queue's limit is the one the guide
-shows, and the tags the guide says each job's runs carry from their definitions."""
+shows, the tags the guide says each job's runs carry from their definitions, and the health
+checks' setting, grace and error code."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from pathlib import Path
 import yaml
 
 from media_usage_orchestration import definitions
+from media_usage_orchestration.assets.health import RUN_START_GRACE_SECONDS
 from media_usage_orchestration.jobs import media_usage_reconciliation, media_usage_work
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, QUEUE_TAG
+from media_usage_orchestration.resources.automation import MediaUsageAutomation
+from media_usage_orchestration.values.errors import AlertNotDelivered
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text("utf-8")
@@ -119,3 +123,13 @@ def test_the_tags_the_guide_says_each_job_carries():
     assert re.search(r"^\| `media_usage_work` \| none \|", GUIDE, re.M)
     assert QUEUE_TAG not in media_usage_work.tags
     assert media_usage_work.tags["dagster/max_retries"] == "0"
+
+
+def test_the_health_settings_and_codes_the_guides_name_exist():
+    setting = MediaUsageAutomation.model_fields["queue_stall_seconds"]
+    for guide in (README, GUIDE):
+        assert "`queue_stall_seconds`" in guide
+        assert f"default {setting.default:g}" in guide or f"default {setting.default:g} s" in guide
+    assert f"about {RUN_START_GRACE_SECONDS:g} s" in GUIDE
+    assert f"more than {RUN_START_GRACE_SECONDS:g} s" in README
+    assert AlertNotDelivered.code in README and AlertNotDelivered.code in GUIDE
