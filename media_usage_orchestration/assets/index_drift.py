@@ -20,9 +20,6 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
-)
 
 from media_usage_orchestration.processing.scrub import Heal, ScrubPosition, ScrubTick
 from media_usage_orchestration.processing.verify import Difference, verify_index
@@ -86,7 +83,6 @@ def _description(slug: str, position: ScrubPosition, differences: Sequence[Diffe
 def scrub_check_evaluation(
     tick: ScrubTick,
     asset_key: dg.AssetKey,
-    target: AssetCheckEvaluationTargetMaterializationData | None = None,
 ) -> dg.AssetCheckEvaluation:
     """The evaluation of a tick that has findings (confirmed differences, a finished sweep),
     for the check of the collection's asset `asset_key`."""
@@ -113,24 +109,6 @@ def scrub_check_evaluation(
         severity=dg.AssetCheckSeverity.WARN if all_reopened else dg.AssetCheckSeverity.ERROR,
         description=_description(report.collection.slug, position, report.confirmed),
         metadata=metadata,
-        target_materialization_data=target,
-    )
-
-
-def latest_materialization(
-    instance: dg.DagsterInstance, asset_key: dg.AssetKey
-) -> AssetCheckEvaluationTargetMaterializationData | None:
-    """The asset's latest materialization, as an evaluation's target: the UI relates a check's
-    result to the materialization it evaluated."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key), limit=1
-    ).records
-    if not records:
-        return None
-    return AssetCheckEvaluationTargetMaterializationData(
-        storage_id=records[0].storage_id,
-        run_id=records[0].run_id,
-        timestamp=records[0].timestamp,
     )
 
 
@@ -201,6 +179,5 @@ def index_drift_checks(assets: Mapping[str, dg.AssetKey]) -> list[dg.AssetChecks
 __all__ = [
     "INDEX_MATCHES_CONTENT",
     "index_drift_checks",
-    "latest_materialization",
     "scrub_check_evaluation",
 ]

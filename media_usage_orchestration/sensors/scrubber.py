@@ -11,10 +11,7 @@ import functools
 import dagster as dg
 
 from media_usage_orchestration.assets.coverage_history import coverage_history_key
-from media_usage_orchestration.assets.index_drift import (
-    latest_materialization,
-    scrub_check_evaluation,
-)
+from media_usage_orchestration.assets.index_drift import scrub_check_evaluation
 from media_usage_orchestration.ops.common import automation_default_status
 from media_usage_orchestration.processing.scrub import (
     ScrubLimits,
@@ -71,8 +68,9 @@ def media_usage_scrubber_sensor(
     events = []
     if tick.has_findings:
         asset_key = coverage_history_key(tick.slice.collection.slug)
-        target = latest_materialization(context.instance, asset_key)
-        events.append(scrub_check_evaluation(tick, asset_key, target))
+        # The asset is only ever observed: no materialization can turn this finding into
+        # "not evaluated" on the asset's page.
+        events.append(scrub_check_evaluation(tick, asset_key))
     return dg.SensorResult(
         skip_reason=dg.SkipReason(_summary(tick)),
         cursor=tick.position.to_cursor(),
