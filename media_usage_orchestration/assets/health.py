@@ -45,9 +45,9 @@ from media_usage_orchestration.store.run_leases import read_run_leases
 
 QUEUE_CHECK = "queue_healthy"
 COVERAGE_CHECK = "coverage_complete"
-# A due item younger than this is an edit in flight or a run handover: a work run is requested
-# within one work-sensor tick and starts within seconds.
-RUN_START_GRACE_SECONDS = 60.0
+# A due item younger than this is an edit in flight or a run handover: the work sensor queues a
+# run for it within one daemon loop or two (a queued run counts as alive), on a busy host too.
+RUN_START_GRACE_SECONDS = 30.0
 CHECK_WORKFLOW = "check"  # the WORKFLOW_TAG of a run that executes checks
 WORK_JOB = "media_usage_work"  # jobs.media_usage_work (jobs import the assets)
 # Work runs in flight at once are a few per collection; more are not read.

@@ -77,7 +77,7 @@ def queue_check_specs(slugs: Sequence[str]) -> list[dg.AssetCheckSpec]:
             asset=queue_key(slug),
             description="Fails (ERROR) while any work item of the collection failed for good "
             "or is stuck behind an expired lease, while due work has waited longer than "
-            "queue_stall_seconds, or longer than a minute with no work run of the collection "
+            "queue_stall_seconds, or longer than 30 s with no work run of the collection "
             "alive. The queue sensor evaluates it whenever its verdict changes; executing it "
             "here reads the database now.",
         )

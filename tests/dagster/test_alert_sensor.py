@@ -15,13 +15,10 @@ once, on the `instance` fixture (Dagster's ephemeral instance). The tests that e
 
 import contextlib
 import datetime
-import json
 import logging
 import socket
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 
 import dagster as dg
 import pytest
@@ -45,8 +42,8 @@ from media_usage_orchestration.values.errors import AlertNotDelivered
 from tests.support.reconciliation_runs import daemon_workspace, remote_repository
 from tests.support.sensor_loop import resources
 from tests.support.states import make_collection
+from tests.support.webhook import SECRET, Receiver, receiving
 
-SECRET = "T0000/B0000/s3cr3t-t0ken"
 SLUGS = ("blog", "news")
 
 
@@ -116,62 +113,6 @@ CHECKS = pytest.mark.parametrize("check", [COVERAGE, QUEUE], ids=lambda check: c
 
 
 # --- the receiver --------------------------------------------------------------------------------
-
-
-@dataclass
-class Receiver:
-    """A local webhook: every request it got, and the status it answers with."""
-
-    url: str
-    requests: list[dict] = field(default_factory=list)
-    status: int = 200
-
-    @property
-    def texts(self) -> list[str]:
-        return [request["body"]["text"] for request in self.requests]
-
-
-@contextlib.contextmanager
-def receiving() -> Iterator[Receiver]:
-    receiver = Receiver(url="")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            self._record(json.loads(body))
-
-        def do_GET(self):
-            self._record(None)
-
-        def _record(self, body):
-            receiver.requests.append(
-                {
-                    "method": self.command,
-                    "path": self.path,
-                    "content_type": self.headers["Content-Type"],
-                    "body": body,
-                }
-            )
-            self.send_response(receiver.status)
-            if 300 <= receiver.status < 400:
-                self.send_header("Location", "/elsewhere")
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args):  # quiet
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/services/{SECRET}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ from media_usage_orchestration.emdash_double.sample_content import sample_entry
 from media_usage_orchestration.processing.operator import collection_statuses
 from media_usage_orchestration.sensors.alerts import ALERT_WEBHOOK_ENV, media_usage_alert_sensor
 from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
-from tests.dagster.test_alert_sensor import receiving
 from tests.support.reconciliation_runs import (
     activate_with_job,
     oversized_entry,
@@ -36,6 +35,7 @@ from tests.support.reconciliation_runs import (
     write_collections,
 )
 from tests.support.sensor_loop import resources
+from tests.support.webhook import receiving
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,7 +27,6 @@ import dagster as dg
 import pytest
 from sqlalchemy import create_engine, text
 
-from media_usage_orchestration.bench.deployment import _executable
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
     media_usage_reconciliation,
@@ -93,7 +91,7 @@ def tier(cms):
         slugs=[*RECONCILED, *DELETED, *EXTRA],
         environment={"MEDIA_USAGE_AUTOMATION": "stopped"},
     ) as tier:
-        _start_sensor(tier, media_usage_run_health_sensor.name)
+        tier.sensor("start", media_usage_run_health_sensor.name)
         with _instance_database(tier) as instance_db:
             instance_db.execute(text(HOLD_EVENTS))
         yield tier
@@ -112,17 +110,6 @@ def _instance_database(tier) -> Iterator:
             yield connection
     finally:
         engine.dispose()
-
-
-def _start_sensor(tier, name: str) -> None:
-    """`dagster sensor start`, as deploy/README.md tells an operator."""
-    subprocess.run(
-        [_executable("dagster"), "sensor", "start", name, "-w", str(tier.setup.workspace)],
-        env=tier.setup.environment,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
 
 
 @dataclass

@@ -1,23 +1,28 @@
 """What an operator does in the UI, and what a deployment lives through, under the real daemon:
 Terminate a lingering work run (it ends CANCELED within seconds, never retried), force-terminate
 one, backfill reconciliations during a burst of edits over three collections (queue waits and
-edit-to-index latency), a transient database error (retried), the code server SIGKILLed with a
-work run in flight in each collection and restarted as an orchestrator restarts it (the dead
-runs are failed by the run-health sensor from their expired run leases, without an operator;
-every collection projects its next edit again within three minutes; no collection ever has
-more than one work run queued; a dead run terminated from the UI while its code server is down
-ends CANCELED), and a deletion requested while a work run of that collection lingers (the run
-ends at once, the deletion starts without waiting for it). The tests run in this order on one
-deployment."""
+edit-to-index latency; no alert posted through all of it), a transient database error
+(retried), a deletion requested while a work run of that collection lingers (the run ends at
+once, the deletion starts without waiting for it), a collection whose due work no live run will
+take (the work sensor stopped: one alert within the grace and two sensor intervals, one
+recovery message once it is started again), and last the code server SIGKILLed with a work run
+in flight in each collection and restarted as an orchestrator restarts it (the dead runs are
+failed by the run-health sensor from their expired run leases, without an operator; every
+collection projects its next edit again within three minutes; no collection ever has more than
+one work run queued; a dead run terminated from the UI while its code server is down ends
+CANCELED). The tests run in this order on one deployment, whose alert sensor posts to a
+receiver of the module's own."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import dagster as dg
 import pytest
 from sqlalchemy import create_engine, text
 
+from media_usage_orchestration.assets.health import RUN_START_GRACE_SECONDS
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
     media_usage_reconciliation,
@@ -30,7 +35,10 @@ from media_usage_orchestration.ops.run_tags import (
     QUEUE_TAG,
     queue_tags,
 )
+from media_usage_orchestration.sensors.alerts import ALERT_WEBHOOK_ENV
+from media_usage_orchestration.sensors.queue import QUEUE_SENSOR_INTERVAL_SECONDS
 from media_usage_orchestration.sensors.run_health import WORKER_LOST
+from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core.engine import APPLICATION_NAME
 from tests.support.deployment import (
     QUEUE_WAIT_BOUND_SECONDS,
@@ -40,9 +48,15 @@ from tests.support.deployment import (
     run_moments,
     summary,
 )
+from tests.support.webhook import Receiver, receiving
 
 pytestmark = [pytest.mark.slow, pytest.mark.deployment]
 
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
 TERMINATED_WITHIN_SECONDS = 10
@@ -50,8 +64,16 @@ RECOVERY_SECONDS = 180
 
 
 @pytest.fixture(scope="module")
-def tier(cms):
-    with deployed_tier(cms, collections=4, linger_seconds=60) as tier:
+def webhook() -> Iterator[Receiver]:
+    """The alert sensor's webhook for the whole module: no test but the stall posts to it."""
+    with receiving() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def tier(cms, webhook):
+    environment = {ALERT_WEBHOOK_ENV: webhook.url, "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1"}
+    with deployed_tier(cms, collections=4, linger_seconds=60, environment=environment) as tier:
         yield tier
 
 
@@ -100,7 +122,7 @@ def test_force_termination_still_works(tier):
     tier.wait_projected([tier.edit(pages, entry=1)], timeout=60)
 
 
-def test_a_burst_of_edits_with_backfilled_reconciliations(tier):
+def test_a_burst_of_edits_with_backfilled_reconciliations(tier, webhook):
     started = time.time()
     edits = []
     with QueueSampler(tier.instance, media_usage_work.name) as sampler:
@@ -128,6 +150,8 @@ def test_a_burst_of_edits_with_backfilled_reconciliations(tier):
     latencies = tier.watch.latencies(edits)
     assert sampler.most_queued <= 1
     assert max(queue_waits) <= QUEUE_WAIT_BOUND_SECONDS
+    # Terminations, lingering runs, handovers and forced reconciliations: nothing to alert on.
+    assert webhook.requests == [], webhook.texts
     report(
         f"burst of {len(edits)} edits over 3 collections in 20 s with "
         f"{len(reconciliations)} backfilled reconciliations: edit-to-index {summary(latencies)}; "
@@ -247,6 +271,49 @@ def _waiting_backend(watcher, since) -> int | None:
         ),
         {"name": APPLICATION_NAME, "since": since},
     ).scalar()
+
+
+# The alert's bound from the edit: the grace, then at most one queue-sensor interval for the
+# check and one alert-sensor interval for the post, the daemon's 5 s loop for each, and 15 s
+# for a loaded host.
+ALERT_BOUND_SECONDS = RUN_START_GRACE_SECONDS + 2 * QUEUE_SENSOR_INTERVAL_SECONDS + 10 + 15
+
+
+def test_a_stalled_collection_alerts_once_and_recovers_once(tier, webhook):
+    """The work sensor stopped (an operator's slip, a broken deployment) and no run of the
+    collection left: its next edit waits with no live run to take it, so `queue_healthy` fails
+    once the grace has passed and the alert sensor posts one message; the sensor started again,
+    the queue moves and one recovery message follows. Nothing else is posted."""
+    articles = tier.collections[0]
+    tier.sensor("stop", media_usage_work_sensor.name)
+    try:
+        for run in tier.runs_of(media_usage_work.name, articles, IN_FLIGHT):
+            tier.setup.terminate(run.run_id)
+            tier.wait_status(run.run_id, [dg.DagsterRunStatus.CANCELED], timeout=60)
+        edit = tier.edit(articles, entry=9)
+        edited_at = time.time()
+        failing = f"collection `{articles.slug}` fails its check `queue_healthy`"
+        tier.setup.wait_for(
+            lambda: webhook.posted(failing), "the stall's alert", timeout=ALERT_BOUND_SECONDS + 30
+        )
+    finally:
+        tier.sensor("start", media_usage_work_sensor.name)
+    tier.wait_projected([edit], timeout=120)
+    recovered = f"collection `{articles.slug}` passes its check `queue_healthy` again"
+    tier.setup.wait_for(lambda: webhook.posted(recovered), "the recovery message", timeout=150)
+
+    alerted_after = webhook.posted(failing)[0] - edited_at
+    recovered_after = webhook.posted(recovered)[0] - edited_at
+    assert alerted_after <= ALERT_BOUND_SECONDS
+    assert (len(webhook.posted(failing)), len(webhook.posted(recovered))) == (1, 1)
+    assert len(webhook.requests) == 2, webhook.texts
+    assert "no work run of the collection is alive" in webhook.texts[0]
+    report(
+        f"stalled collection (work sensor stopped, no run left): alert posted "
+        f"{alerted_after:.0f} s after the edit (bound {ALERT_BOUND_SECONDS:.0f} s: grace "
+        f"{RUN_START_GRACE_SECONDS:.0f} s + two sensor intervals), recovery posted "
+        f"{recovered_after:.0f} s after it; {len(webhook.requests)} posts in all"
+    )
 
 
 def test_a_dead_code_server_stalls_no_collection(tier):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import subprocess
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,11 @@ from media_usage_orchestration.bench.database import (
     create_collection,
     insert_entries,
 )
-from media_usage_orchestration.bench.deployment import ProductionSetup, production_setup
+from media_usage_orchestration.bench.deployment import (
+    ProductionSetup,
+    _executable,
+    production_setup,
+)
 from media_usage_orchestration.bench.live import (
     LIVE_COLLECTIONS,
     Edit,
@@ -77,6 +82,16 @@ class Tier:
     def projected(self, edits: Sequence[Edit]) -> bool:
         with self.watch.lock:
             return all(edit.index in self.watch.projected_at for edit in edits)
+
+    def sensor(self, command: str, name: str) -> None:
+        """`dagster sensor start|stop <name>`, as deploy/README.md tells an operator."""
+        subprocess.run(
+            [_executable("dagster"), "sensor", command, name, "-w", str(self.setup.workspace)],
+            env=self.setup.environment,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
 
     def wait_projected(self, edits: Sequence[Edit], timeout: float) -> None:
         self.setup.wait_for(lambda: self.projected(edits), f"{len(edits)} edit(s)", timeout)
