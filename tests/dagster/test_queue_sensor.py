@@ -18,6 +18,7 @@ from dagster._core.definitions.reconstruct import initialize_repository_def_from
 
 from media_usage_orchestration import jobs
 from media_usage_orchestration.assets.coverage_history import coverage_history_specs
+from media_usage_orchestration.assets.health import RUN_START_GRACE_SECONDS
 from media_usage_orchestration.assets.queue import (
     COMPLETED_METADATA,
     QUEUE_CHECK,
@@ -102,9 +103,9 @@ def alpha(db):
     insert_works(
         db.engine,
         [
-            # Younger than the minute after which due work needs a live run.
-            {"content_id": "due-1", "next_attempt_at": ago(50), "updated_at": ago(50)},
-            {"content_id": "due-2", "next_attempt_at": ago(30), "updated_at": ago(30)},
+            # Younger than the grace after which due work needs a live run.
+            {"content_id": "due-1", "next_attempt_at": ago(5), "updated_at": ago(5)},
+            {"content_id": "due-2", "next_attempt_at": ago(2), "updated_at": ago(2)},
             {"content_id": "held", **leased()},
             {"content_id": "broken", **failed(CODE, attempts=5), "last_attempted_at": ago(40)},
         ],
@@ -132,7 +133,7 @@ def test_a_tick_observes_every_live_queue_and_evaluates_its_check_without_a_run(
         "stuck": 0,
         "failed": 1,
     }
-    assert 50 <= numbers["lag_seconds"] < 110  # database time, from the backdated rows
+    assert 5 <= numbers["lag_seconds"] < RUN_START_GRACE_SECONDS  # database time, backdated
     assert (numbers[COMPLETED_METADATA], numbers["inexact_counts"]) == (0, "-")
     assert numbers["collection_id"] == alpha.id
     assert "re-queues its work by itself" in numbers["failed_items"]

@@ -183,6 +183,20 @@ def test_an_item_failed_for_good_fails_the_coverage_check_without_a_run(ui):
         page.get_by_text(COVERAGE_CHECK, exact=True).first.click()
         expect(_field(page, "Evaluation result")).to_contain_text("Failed")
         expect(page.get_by_text(f"({RESOURCE_LIMIT}: 1)").first).to_be_visible()
+        _expect_history_starts_with(page, "Failed")
+    with ui.page("b_asset_overview") as page:
+        # The asset's overview: observed (not "never materialized"), with its checks' results
+        # and the status numbers.
+        page.goto(ui.url("/assets/media_usage_coverage/pages"))
+        expect(page.get_by_text("Latest observation")).to_be_visible()
+        expect(page.get_by_text("Latest check results")).to_be_visible()
+        expect(page.get_by_text("MEDIA_USAGE_RESOURCE_LIMIT: 1").first).to_be_visible()
+
+
+def _expect_history_starts_with(page: Page, verdict: str) -> None:
+    """The check's execution history, newest first, starts with `verdict`."""
+    page.get_by_role("tab", name="Execution history").click()
+    expect(page.locator("tbody tr").first).to_contain_text(verdict)
 
 
 def _observe_the_queues(ui: DemoUi) -> None:
@@ -228,6 +242,7 @@ def test_an_item_failed_for_good_is_in_its_queue_assets_table_and_fails_its_chec
         page.goto(ui.url("/assets/media_usage_coverage/pages?view=checks"))
         page.get_by_text(COVERAGE_CHECK, exact=True).first.click()
         expect(_field(page, "Evaluation result")).to_contain_text("Passed")
+        _expect_history_starts_with(page, "Passed")
         page.goto(ui.url("/assets/media_usage_queue/pages?view=checks"))
         expect(_field(page, "Evaluation result")).to_contain_text("Passed")
         # The catalog presents the per-collection assets as observed, with the time.
