@@ -285,7 +285,7 @@ def test_a_stalled_collection_alerts_once_and_recovers_once(tier, webhook):
     once the grace has passed and the alert sensor posts one message; the sensor started again,
     the queue moves and one recovery message follows. Nothing else is posted."""
     articles = tier.collections[0]
-    tier.sensor("stop", media_usage_work_sensor.name)
+    tier.switch_sensor(media_usage_work_sensor.name, "stop")
     try:
         for run in tier.runs_of(media_usage_work.name, articles, IN_FLIGHT):
             tier.setup.terminate(run.run_id)
@@ -297,7 +297,7 @@ def test_a_stalled_collection_alerts_once_and_recovers_once(tier, webhook):
             lambda: webhook.posted(failing), "the stall's alert", timeout=ALERT_BOUND_SECONDS + 30
         )
     finally:
-        tier.sensor("start", media_usage_work_sensor.name)
+        tier.switch_sensor(media_usage_work_sensor.name, "start")
     tier.wait_projected([edit], timeout=120)
     recovered = f"collection `{articles.slug}` passes its check `queue_healthy` again"
     tier.setup.wait_for(lambda: webhook.posted(recovered), "the recovery message", timeout=150)

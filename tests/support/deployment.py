@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -52,6 +53,12 @@ ENTRIES_PER_COLLECTION = 12
 # whatever the machine's load (under the whole suite's load a crash retry waited 18 s once).
 QUEUE_WAIT_BOUND_SECONDS = 25
 QUEUED = (dg.DagsterRunStatus.QUEUED,)
+
+
+# The sensor daemon's loop (Dagster 1.13), and how often a start or stop is repeated until it
+# holds.
+DAEMON_LOOP_SECONDS = 5
+SWITCH_ATTEMPTS = 4
 
 
 @dataclass
@@ -92,6 +99,22 @@ class Tier:
             capture_output=True,
             timeout=120,
         )
+
+    def switch_sensor(self, name: str, command: str) -> None:
+        """Start or stop a sensor and see it hold: a tick in flight when the change lands
+        writes the sensor's state back as it read it, so the command is repeated until the
+        stored state agrees after the daemon's next loop."""
+        wanted = {"start": "RUNNING", "stop": "STOPPED"}[command]
+        for _ in range(SWITCH_ATTEMPTS):
+            self.sensor(command, name)
+            time.sleep(DAEMON_LOOP_SECONDS + 1)
+            if self.sensor_status(name) == wanted:
+                return
+        raise AssertionError(f"{name} is not {wanted} after {SWITCH_ATTEMPTS} times {command}")
+
+    def sensor_status(self, name: str) -> str | None:
+        states = [state for state in self.instance.all_instigator_state() if state.name == name]
+        return states[0].status.value if states else None
 
     def wait_projected(self, edits: Sequence[Edit], timeout: float) -> None:
         self.setup.wait_for(lambda: self.projected(edits), f"{len(edits)} edit(s)", timeout)
