@@ -27,6 +27,7 @@ from dagster._core.definitions.definitions_load_context import (
 
 from media_usage_orchestration.assets.health import (
     COVERAGE_CHECK,
+    collection_check_specs,
     coverage_metadata,
     coverage_verdict,
     missing_collection,
@@ -76,18 +77,14 @@ def coverage_observation(coverage: CollectionCoverage) -> dg.AssetObservation:
 
 
 def coverage_check_specs(slugs: Sequence[str]) -> list[dg.AssetCheckSpec]:
-    return [
-        dg.AssetCheckSpec(
-            COVERAGE_CHECK,
-            asset=coverage_history_key(slug),
-            description="Fails (ERROR) on work that failed for good, a failed reconciliation, "
-            "or coverage that stays incomplete without progress for queue_stall_seconds; "
-            "passes through an edit in flight or a reconciliation making progress. The queue "
-            "sensor evaluates it whenever its verdict changes; executing it here reads the "
-            "database now.",
-        )
-        for slug in slugs
-    ]
+    return collection_check_specs(
+        COVERAGE_CHECK,
+        [coverage_history_key(slug) for slug in slugs],
+        "Fails (ERROR) on work that failed for good, a failed reconciliation, or coverage that "
+        "stays incomplete without progress for queue_stall_seconds; passes through an edit in "
+        "flight or a reconciliation making progress. The queue sensor evaluates it whenever its "
+        "verdict changes; executing it here reads the database now.",
+    )
 
 
 def coverage_assets(slugs: Sequence[str]) -> list[dg.AssetsDefinition]:

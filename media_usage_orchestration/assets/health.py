@@ -18,8 +18,8 @@ progress):
   longer than `RUN_START_GRACE_SECONDS` while no work run of the collection is alive (none
   queued or starting, none running with a live run lease);
 - `coverage_complete` fails on work that failed for good, a failed reconciliation (its error
-  code), and coverage that is not complete and whose status row has not changed for longer than
-  `queue_stall_seconds` (no reconciliation is making progress).
+  code), and coverage that is not complete while neither its status row nor its reconciliation
+  row has changed for longer than `queue_stall_seconds` (no reconciliation is making progress).
 """
 
 from __future__ import annotations
@@ -89,6 +89,13 @@ class Verdict:
 def missing_collection(why: str) -> Verdict:
     """The verdict of a check executed for a collection that is no longer there."""
     return Verdict(passed=False, description=why, metadata={})
+
+
+def collection_check_specs(
+    name: str, asset_keys: Sequence[dg.AssetKey], description: str
+) -> list[dg.AssetCheckSpec]:
+    """The check `name`, described alike, on each collection's asset."""
+    return [dg.AssetCheckSpec(name, asset=key, description=description) for key in asset_keys]
 
 
 def observable_collection_assets(
@@ -166,6 +173,12 @@ def work_runs_alive(instance: dg.DagsterInstance, engine: Engine) -> dict[str, b
         lease = leases.get(run.run_id)
         alive[slug] = alive.get(slug, False) or lease is None or lease.live
     return alive
+
+
+def run_alive(alive: Mapping[str, bool] | None, slug: str) -> bool | None:
+    """Whether a work run of `slug` is alive, from `work_runs_alive`: None when that could not
+    tell (no run leases), False when no run of it is in flight."""
+    return None if alive is None else alive.get(slug, False)
 
 
 # --- coverage_complete --------------------------------------------------------------------------

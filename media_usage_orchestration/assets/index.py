@@ -48,8 +48,9 @@ def record_coverage(
     duration_seconds: float | None = None,
     **extra: str | int,
 ) -> CollectionCoverage | None:
-    """Materialize the collection's partition with what its index holds now. The duration is the run's own when given, else how long the completed coverage
-    took; `extra` names what the run did (counts, or a word such as the operator's retry)."""
+    """Materialize the collection's partition with what its index holds now. The duration is
+    the run's own when given, else how long the completed coverage took; `extra` names what
+    the run did (counts, or a word such as the operator's retry)."""
     coverage = read_collection_coverage(engine, collection_id)
     if coverage is None:  # deleted since: its partition has nothing left to show
         return None

@@ -24,9 +24,11 @@ from media_usage_orchestration.assets.coverage_history import COVERAGE_HISTORY_G
 from media_usage_orchestration.assets.health import (
     QUEUE_CHECK,
     WORK_JOB,
+    collection_check_specs,
     missing_collection,
     observable_collection_assets,
     queue_verdict,
+    run_alive,
     tag_check_run,
     work_runs_alive,
 )
@@ -71,18 +73,14 @@ def queue_specs(slugs: Sequence[str]) -> list[dg.AssetSpec]:
 
 
 def queue_check_specs(slugs: Sequence[str]) -> list[dg.AssetCheckSpec]:
-    return [
-        dg.AssetCheckSpec(
-            QUEUE_CHECK,
-            asset=queue_key(slug),
-            description="Fails (ERROR) while any work item of the collection failed for good "
-            "or is stuck behind an expired lease, while due work has waited longer than "
-            "queue_stall_seconds, or longer than 30 s with no work run of the collection "
-            "alive. The queue sensor evaluates it whenever its verdict changes; executing it "
-            "here reads the database now.",
-        )
-        for slug in slugs
-    ]
+    return collection_check_specs(
+        QUEUE_CHECK,
+        [queue_key(slug) for slug in slugs],
+        "Fails (ERROR) while any work item of the collection failed for good or is stuck behind "
+        "an expired lease, while due work has waited longer than queue_stall_seconds, or longer "
+        "than 30 s with no work run of the collection alive. The queue sensor evaluates it "
+        "whenever its verdict changes; executing it here reads the database now.",
+    )
 
 
 def queue_slugs(definitions: dg.Definitions) -> list[str]:
@@ -136,8 +134,8 @@ def _observe_queues_now(
                 f"{MAX_QUEUE_COLLECTIONS} by slug, whose queues are read)"
             ).result(key)
             continue
-        run_alive = None if alive is None else alive.get(slug, False)
-        yield queue_verdict(queue, run_alive, automation.queue_stall_seconds).result(key)
+        verdict = queue_verdict(queue, run_alive(alive, slug), automation.queue_stall_seconds)
+        yield verdict.result(key)
 
 
 # Work runs end a few a minute per collection; more than this in 5 minutes are not counted.

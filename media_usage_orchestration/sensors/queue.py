@@ -34,6 +34,7 @@ from media_usage_orchestration.assets.health import (
     coverage_metadata,
     coverage_verdict,
     queue_verdict,
+    run_alive,
     stale_evaluations,
     work_runs_alive,
 )
@@ -88,9 +89,10 @@ def media_usage_queue_sensor(
     for queue in reading.queues.queues:
         slug = queue.collection_slug
         coverage = reading.coverage.get(queue.collection_id)
-        run_alive = None if alive is None else alive.get(slug, False)
         queue_check = dg.AssetCheckKey(queue_key(slug), QUEUE_CHECK)
-        verdicts[queue_check] = queue_verdict(queue, run_alive, automation.queue_stall_seconds)
+        verdicts[queue_check] = queue_verdict(
+            queue, run_alive(alive, slug), automation.queue_stall_seconds
+        )
         if coverage is not None:
             coverage_check = dg.AssetCheckKey(coverage_history_key(slug), COVERAGE_CHECK)
             verdicts[coverage_check] = coverage_verdict(

@@ -246,11 +246,11 @@ def test_assets_and_their_checks_are_defined_in_assets():
     }
     assert outside == {}
     assert _constructs_assets(ROOT / "assets" / "index.py") >= {"AssetSpec"}
-    assert _constructs_assets(ROOT / "assets" / "coverage_history.py") >= {
-        "AssetSpec",
+    assert _constructs_assets(ROOT / "assets" / "coverage_history.py") >= {"AssetSpec"}
+    assert _constructs_assets(ROOT / "assets" / "health.py") >= {
         "AssetCheckSpec",
+        "multi_observable_source_asset",
     }
-    assert _constructs_assets(ROOT / "assets" / "health.py") >= {"multi_observable_source_asset"}
 
 
 @pytest.mark.parametrize(
