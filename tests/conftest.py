@@ -58,6 +58,15 @@ def _work_runs_do_not_linger(monkeypatch) -> None:
     monkeypatch.setenv(WORK_LINGER_ENV, "0")
 
 
+@pytest.fixture
+def webhook_env(monkeypatch) -> pytest.MonkeyPatch:
+    """The test's environment without proxies, for a sensor that posts to a local webhook
+    receiver (`tests/support/webhook.py`) on 127.0.0.1."""
+    for proxy in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    return monkeypatch
+
+
 @pytest.fixture(scope="session")
 def sqlite_template() -> Iterator[SqliteTemplate]:
     template = SqliteTemplate()

@@ -116,13 +116,6 @@ CHECKS = pytest.mark.parametrize("check", [COVERAGE, QUEUE], ids=lambda check: c
 
 
 @pytest.fixture
-def webhook_env(monkeypatch) -> pytest.MonkeyPatch:
-    for proxy in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
-        monkeypatch.delenv(proxy, raising=False)
-    return monkeypatch
-
-
-@pytest.fixture
 def receiver(webhook_env) -> Iterator[Receiver]:
     with receiving() as receiver:
         webhook_env.setenv(ALERT_WEBHOOK_ENV, receiver.url)

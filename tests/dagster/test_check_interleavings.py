@@ -10,7 +10,6 @@ last test."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import dagster as dg
@@ -26,7 +25,11 @@ from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
 from media_usage_orchestration.processing.operator import collection_statuses
-from media_usage_orchestration.sensors.alerts import ALERT_WEBHOOK_ENV, media_usage_alert_sensor
+from media_usage_orchestration.sensors.alerts import (
+    ALERT_WEBHOOK_ENV,
+    announced_failing,
+    media_usage_alert_sensor,
+)
 from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from tests.support.reconciliation_runs import (
     activate_with_job,
@@ -54,14 +57,13 @@ class World:
     """One collection, the project's jobs run in process, the queue and alert sensors ticked by
     hand, every event stored as the daemon stores it."""
 
-    def __init__(self, db, instance: dg.DagsterInstance, receiver_url: str) -> None:
+    def __init__(self, db, instance: dg.DagsterInstance) -> None:
         self.db, self.instance = db, instance
         self.choose = random.Random(0)
         self.writer = CmsWriter(db.engine)
         self.edits = 0
         self.alert_cursor: str | None = None
         self.checks_job = self.definitions().resolve_job_def("execute")
-        self.receiver_url = receiver_url
 
     # --- actions ---------------------------------------------------------------------------------
 
@@ -165,12 +167,8 @@ class World:
             "sources": status.sources,
         }, story
         self.alert_tick()
-        announced = {entry[1] for entry in _failing(self.alert_cursor)}
+        announced = {target.check_name for target in announced_failing(self.alert_cursor)}
         assert announced == {name for name, passed in expected.items() if not passed}, story
-
-
-def _failing(cursor: str | None) -> list[list]:
-    return json.loads(cursor)["failing"] if cursor else []
 
 
 ACTIONS = (
@@ -192,14 +190,7 @@ def world(db, webhook_env) -> World:
         webhook_env.setenv(ALERT_WEBHOOK_ENV, receiver.url)
         activate_with_job(db, instance)
         assert run_partition(db, instance, SLUG).success
-        yield World(db, instance, receiver.url)
-
-
-@pytest.fixture
-def webhook_env(monkeypatch) -> pytest.MonkeyPatch:
-    for proxy in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
-        monkeypatch.delenv(proxy, raising=False)
-    return monkeypatch
+        yield World(db, instance)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
