@@ -189,7 +189,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class TierScopes(LoadScopeScheduling):
         """Modules are scopes, as with `--dist loadscope`, but the deployment tier is one, given
-        first to a worker that takes nothing else until the tier is done."""
+        first to a worker that takes nothing else until the tier's last test."""
 
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(DEPLOYMENT_TIER):
@@ -207,8 +207,12 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
         def _reschedule(self, node) -> None:
+            # A worker runs a test only once it knows the next one (or that none follows), so
+            # the tier's last test would wait for the whole queue to drain: more work is given
+            # as soon as that test is the tier's only one left.
             tier = self.assigned_work.get(node, {}).get(DEPLOYMENT_TIER)
-            if tier is not None and not all(tier.values()) and self.workqueue:
+            left = sum(not done for done in tier.values()) if tier is not None else 0
+            if left > 1 and self.workqueue:
                 return
             super()._reschedule(node)
 
