@@ -17,6 +17,7 @@ from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import (
     CONNECTION_ERRORS,
     DATABASE_URL_ENV,
+    DBAPIError,
     Engine,
     database_error_message,
     scrubbed,
@@ -115,12 +116,27 @@ def probe_when_ready(
             return skip
         _schema_found.add(engine)
     try:
-        return probe(engine)
+        return _probe_reconnecting(engine, probe)
     except Exception:
         _schema_found.discard(engine)
         if skip := database_not_ready(database):
             return skip
         raise
+
+
+def _probe_reconnecting(engine: Engine, probe: Callable[[Engine], T]) -> T:
+    """`probe(engine)`, once more if it found its pooled connection closed by the server (a
+    restart, a failover, `pg_terminate_backend`). Ticks come every few seconds, so the pool's
+    ping after idleness never sees such a connection; SQLAlchemy then discards it and every
+    connection pooled before it, and the second attempt connects afresh. The failed attempt's
+    transaction died with its connection, and every write a probe makes is guarded, so running
+    it again is safe."""
+    try:
+        return probe(engine)
+    except DBAPIError as error:
+        if not error.connection_invalidated:
+            raise
+    return probe(engine)
 
 
 def database_not_ready(database: MediaUsageDatabase) -> dg.SkipReason | None:
