@@ -190,11 +190,14 @@ class ProductionSetup:
     def stop(self) -> None:
         """Stop every process by its group: an interrupt first, then SIGTERM and SIGKILL. The
         daemon finishes its loops' iterations on an interrupt, which can take half a minute:
-        nothing here needs them finished, so it gets a few seconds."""
+        nothing here needs them finished, so it gets a few seconds. The code server is not
+        interrupted: with run workers in its group it never exits on an interrupt alone, and
+        SIGTERM ends each worker's run as a termination would."""
         for name in ("webserver", "daemon", "code_server"):
             process = self.processes.pop(name, None)
             if process is not None:
-                stop_process_group(process, interrupt_seconds=STOP_INTERRUPT_SECONDS)
+                interrupt = 0.0 if name == "code_server" else STOP_INTERRUPT_SECONDS
+                stop_process_group(process, interrupt_seconds=interrupt)
 
     def log_tail(self, name: str) -> str:
         path = self.directory / f"{name}.log"

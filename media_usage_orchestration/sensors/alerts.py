@@ -291,9 +291,13 @@ def _undelivered(error: BaseException) -> str:
 
 # --- the sensor ----------------------------------------------------------------------------------
 
+# A tick only reads the checks' latest evaluations (and posts what changed), so it can come
+# often: from a check's change to the post, at most this plus the daemon's loop.
+ALERT_SENSOR_INTERVAL_SECONDS = 10
+
 
 @dg.sensor(
-    minimum_interval_seconds=30,
+    minimum_interval_seconds=ALERT_SENSOR_INTERVAL_SECONDS,
     default_status=automation_default_status(),
     description="Posts one message to the webhook at MEDIA_USAGE_ALERT_WEBHOOK_URL (Slack's "
     "incoming-webhook JSON, a `text` field) when a collection's coverage_complete or "

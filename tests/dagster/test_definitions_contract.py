@@ -58,7 +58,7 @@ WORKFLOW_TAGS = {
 SENSORS = {
     # Launches no runs: it posts to a webhook when a check turns failing or recovers. Renaming it
     # resets its cursor, so the checks failing then are announced once more.
-    "media_usage_alert_sensor": (None, 30),
+    "media_usage_alert_sensor": (None, 10),
     "media_usage_collection_deletion_sensor": ("media_usage_collection_deletion", 30),
     "media_usage_projection_gc_sensor": ("media_usage_projection_gc", 60),
     "media_usage_queue_sensor": (None, 30),  # observes the queue assets, launches no run

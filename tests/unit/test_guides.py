@@ -19,6 +19,7 @@ from media_usage_orchestration.assets.health import RUN_START_GRACE_SECONDS
 from media_usage_orchestration.jobs import media_usage_reconciliation, media_usage_work
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, QUEUE_TAG
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
+from media_usage_orchestration.sensors.alerts import ALERT_SENSOR_INTERVAL_SECONDS
 from media_usage_orchestration.values.errors import AlertNotDelivered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +134,5 @@ def test_the_health_settings_and_codes_the_guides_name_exist():
     assert f"about {RUN_START_GRACE_SECONDS:g} s" in GUIDE
     assert f"more than {RUN_START_GRACE_SECONDS:g} s" in README
     assert AlertNotDelivered.code in README and AlertNotDelivered.code in GUIDE
+    assert f"`media_usage_alert_sensor` (every {ALERT_SENSOR_INTERVAL_SECONDS:g} s" in README
+    assert f"next tick (every\n{ALERT_SENSOR_INTERVAL_SECONDS:g} s)" in GUIDE
