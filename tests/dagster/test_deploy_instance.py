@@ -18,6 +18,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from dagster._core.remote_representation.grpc_server_registry import GrpcServerRegistry
+from dagster._core.scheduler.instigation import InstigatorType
 from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._daemon.controller import DAEMON_GRPC_SERVER_HEARTBEAT_TTL
@@ -142,6 +143,14 @@ def test_the_deploy_instance_stores_everything_in_postgres_and_queues_one_run_pe
     assert instance.run_retries_enabled
     assert instance.run_retries_max_retries == 2
     assert instance.run_retries_retry_on_asset_or_op_failure is False
+
+    # The tick history the guide states: days kept per tick status.
+    sensor_days = instance.get_tick_retention_settings(InstigatorType.SENSOR)
+    assert {"SKIPPED": 1, "SUCCESS": 14, "FAILURE": 30}.items() <= {
+        status.value: days for status, days in sensor_days.items()
+    }.items()
+    schedule_days = instance.get_tick_retention_settings(InstigatorType.SCHEDULE)
+    assert set(schedule_days.values()) == {30}
 
 
 def test_a_job_runs_on_the_deploy_instance_and_its_run_and_events_land_in_postgres(

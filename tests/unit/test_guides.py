@@ -136,3 +136,15 @@ def test_the_health_settings_and_codes_the_guides_name_exist():
     assert AlertNotDelivered.code in README and AlertNotDelivered.code in GUIDE
     assert f"`media_usage_alert_sensor` (every {ALERT_SENSOR_INTERVAL_SECONDS:g} s" in README
     assert f"next tick (every\n{ALERT_SENSOR_INTERVAL_SECONDS:g} s)" in GUIDE
+
+
+def test_the_tick_history_the_guide_states_is_the_files():
+    sensor = DEPLOY_YAML["retention"]["sensor"]["purge_after_days"]
+    schedule = DEPLOY_YAML["retention"]["schedule"]["purge_after_days"]
+    assert schedule == sensor["failure"]
+    stated = (
+        f"skipped sensor ticks after {sensor['skipped']} day,\n  sensor ticks that launched "
+        f"runs after {sensor['success']}, failed sensor ticks and every schedule tick after\n"
+        f"  {sensor['failure']}."
+    )
+    assert stated in GUIDE
