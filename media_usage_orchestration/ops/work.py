@@ -10,7 +10,7 @@ claimed nothing, such as `nothing_due`) and the counts `media_usage/claimed`,
 `media_usage/completed`, `media_usage/retried` and `media_usage/failed`."""
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -40,6 +40,7 @@ from media_usage_orchestration.processing.run_loop import (
 )
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.store.coverage import read_coverage_state
 from media_usage_orchestration.store.probes import MAX_DUE_WORK_COLLECTIONS, due_work_by_collection
 from media_usage_orchestration.store.registry import read_collection_slug
 
@@ -97,7 +98,7 @@ def drain_due_work(
             lambda bursts: record_drained_coverage(
                 context, database.engine, bursts, budget.elapsed_seconds()
             ),
-            budget.elapsed_seconds,
+            lambda: read_coverage_state(database.engine, collection_id),
         )
         linger = _linger(context, database.engine, config, collection_id)
         with logged_progress(context, "work", "items", total=config.max_items) as progress:
@@ -128,42 +129,40 @@ def _earliest_due_collection(engine: Engine) -> str | None:
     return due[0].collection_id if due else None
 
 
-# --- coverage as bursts empty the queue -----------------------------------------------------
-
-# A lingering run drains a burst per edit: their coverage is recorded at most this often (two
-# materializations and a check evaluation each), the bursts in between summed into the next.
-COVERAGE_RECORD_SECONDS = 10.0
+# --- coverage when its state changes ------------------------------------------------------
 
 
 class CoverageRecorder:
-    """Records each collection's coverage as soon as a burst empties its queue, not when the
-    run ends: the run's first burst and any burst with items failed for good at once (a
-    failing check must not wait), later ones at most every `interval` seconds, the bursts in
-    between summed into the next recording or into `flush` when the run ends."""
+    """Records the collection's coverage (a materialization of its index partition) when the
+    run's first burst empties the queue, when a burst leaves items failed for good, when the
+    collection's state (`state()`: its status and whether work failed for good) differs from
+    the one last recorded, and when the run ends (`flush`): not at every burst, since a
+    lingering run drains one per edit. The bursts in between are summed into the next
+    recording; the checks are the queue sensor's, so no failure waits for a recording."""
 
-    def __init__(
-        self,
-        record: Callable[[WorkDrain], None],
-        clock: Callable[[], float],
-        interval: float = COVERAGE_RECORD_SECONDS,
-    ) -> None:
+    def __init__(self, record: Callable[[WorkDrain], None], state: Callable[[], Hashable]) -> None:
         self.record = record
-        self.clock = clock
-        self.interval = interval
+        self.state = state
         self.pending: WorkDrain | None = None
-        self.recorded_at: float | None = None
+        self.recorded_state: Hashable | None = None
+        self.recorded = False
 
     def burst(self, burst: WorkDrain) -> None:
         self.pending = burst if self.pending is None else self.pending + burst
-        due = self.recorded_at is None or self.clock() - self.recorded_at >= self.interval
-        if due or burst.failed_by_collection:
+        if not self.recorded or burst.failed_by_collection:
             self.flush()
+            return
+        state = self.state()
+        if state != self.recorded_state:
+            self._record(state)
 
     def flush(self) -> None:
-        if self.pending is None:
-            return
+        if self.pending is not None:
+            self._record(self.state())
+
+    def _record(self, state: Hashable) -> None:
         bursts, self.pending = self.pending, None
-        self.recorded_at = self.clock()
+        self.recorded_state, self.recorded = state, True
         self.record(bursts)
 
 

@@ -95,6 +95,27 @@ def read_collection_coverage(engine: Engine, collection_id: str) -> CollectionCo
         return None if row is None else _coverage(connection, row)
 
 
+def read_coverage_state(engine: Engine, collection_id: str) -> tuple[str | None, bool] | None:
+    """What the collection's health turns on, in one indexed read: its status row's status and
+    whether any of its work failed for good. None once it left the registry."""
+    failed_work = (
+        select(work.c.collection_id)
+        .where(work.c.collection_id == collection_id, work.c.state == LeaseState.FAILED.value)
+        .exists()
+    )
+    status_row = and_(
+        is_content_collection_status(), index_status.c.scope_key == collections.c.slug
+    )
+    statement = (
+        select(index_status.c.status, failed_work.label("has_failed_work"))
+        .select_from(collections.outerjoin(index_status, status_row))
+        .where(collections.c.id == collection_id)
+    )
+    with read_transaction(engine) as connection:
+        row = connection.execute(statement).first()
+    return None if row is None else (row.status, bool(row.has_failed_work))
+
+
 def _registry_with_status():
     status_row = and_(
         is_content_collection_status(), index_status.c.scope_key == collections.c.slug

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from media_usage_orchestration.store.coverage import read_collection_coverage
+from media_usage_orchestration.store.coverage import read_collection_coverage, read_coverage_state
 from media_usage_orchestration.store.deletions import DeletionRepository
 from media_usage_orchestration.store.queue import (
     COUNT_LIMIT,
@@ -87,6 +87,26 @@ def test_the_counts_are_the_status_verbs_and_the_claims(db, collections):
     assert queue.stuck == coverage.stuck_work
     assert queue.due + queue.backing_off + queue.leased == coverage.pending_work
     assert queue.due == len(claimable)
+
+
+def test_the_coverage_state_a_work_run_records_on_is_the_coverage_rows(db, collections):
+    """`read_coverage_state`: the status row's status and whether work failed for good, as the
+    full coverage read reports them; None for a collection the registry no longer has."""
+    alpha, beta = collections["alpha"], collections["beta"]
+    insert_works(db.engine, _every_state(alpha), **of(alpha))
+    insert_works(
+        db.engine,
+        [{"content_id": "held", **leased()}, {"content_id": "later", **backing_off()}],
+        **of(beta),
+    )
+
+    for collection in (alpha, beta):
+        coverage = read_collection_coverage(db.engine, collection.id)
+        expected = (coverage.status, coverage.failed_work > 0)
+        assert read_coverage_state(db.engine, collection.id) == expected
+    assert read_coverage_state(db.engine, alpha.id)[1] is True
+    assert read_coverage_state(db.engine, beta.id)[1] is False
+    assert read_coverage_state(db.engine, "no-such-collection") is None
 
 
 def test_the_lag_is_the_age_of_the_first_due_item_in_database_time(db, collections):

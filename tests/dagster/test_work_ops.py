@@ -55,6 +55,7 @@ from tests.support.projection import (
     work_count,
     work_for,
 )
+from tests.support.sensor_loop import plain
 from tests.support.states import all_rows, one, set_activation, snapshot, status_row
 
 SLUGS = ("posts", "articles", "pages")
@@ -214,17 +215,18 @@ def _burst(completed: int, failed: int = 0) -> run_loop.WorkDrain:
     )
 
 
-def test_coverage_is_recorded_at_the_first_burst_then_at_most_every_interval_and_at_the_end():
-    clock, recorded = _Clock(), []
-    coverage = work_op_module.CoverageRecorder(recorded.append, lambda: clock.now, interval=10.0)
+COMPLETE = ("complete", False)
+
+
+def test_coverage_is_recorded_at_the_first_burst_on_state_changes_and_at_the_end():
+    states, recorded = [COMPLETE], []
+    coverage = work_op_module.CoverageRecorder(recorded.append, lambda: states[-1])
 
     coverage.burst(_burst(3))  # the run's first: at once
-    for _ in range(4):  # one edit every 1.5 s: summed, recorded when 10 s have passed
-        clock.sleep(1.5)
+    for _ in range(4):  # edits that change nothing the checks turn on: summed
         coverage.burst(_burst(1))
-    clock.sleep(5.0)
-    coverage.burst(_burst(2))  # 11 s after the first recording
-    clock.sleep(1.0)
+    states.append(("partial", False))  # a reconciliation was asked for meanwhile
+    coverage.burst(_burst(2))
     coverage.burst(_burst(1))
     coverage.flush()  # the run ends
     coverage.flush()  # nothing left
@@ -234,18 +236,46 @@ def test_coverage_is_recorded_at_the_first_burst_then_at_most_every_interval_and
 
 
 def test_a_burst_with_items_failed_for_good_is_recorded_at_once():
-    clock, recorded = _Clock(), []
-    coverage = work_op_module.CoverageRecorder(recorded.append, lambda: clock.now)
+    recorded = []
+    coverage = work_op_module.CoverageRecorder(recorded.append, lambda: COMPLETE)
     coverage.burst(_burst(1))
-    clock.sleep(1.0)
     coverage.burst(_burst(1))
-    clock.sleep(1.0)
     coverage.burst(_burst(0, failed=1))
 
     assert [(drain.counts.completed, drain.counts.failed) for drain in recorded] == [
         (1, 0),
         (1, 1),
     ]
+
+
+def test_a_work_run_under_steady_edits_records_coverage_at_its_first_burst_and_its_end(
+    db, instance, monkeypatch
+):
+    """Six edits land one by one while the run lingers, none changing the collection's state:
+    the index partition is materialized twice (first burst, end), with every edit counted."""
+    active_collection(db.engine, "posts")
+    _entries(db.engine, "posts", 2)
+    edits = iter(range(6))
+
+    def edit_on_each_poll(seconds: float) -> None:
+        if (edit := next(edits, None)) is not None:
+            insert_entry(db.engine, "posts", f"edited-{edit}")
+        else:
+            time.sleep(seconds)
+
+    monkeypatch.setattr(
+        work_op_module, "Linger", lambda seconds: run_loop.Linger(seconds, 0.05, edit_on_each_poll)
+    )
+    result = media_usage_work.execute_in_process(
+        instance=instance,
+        resources=_resources(db.url),
+        run_config={"ops": {"drain_due_work": {"config": {"linger_seconds": 0.2}}}},
+    )
+
+    materializations = result.asset_materializations_for_node("drain_due_work")
+    projected = [plain(each.metadata)["entries_projected"] for each in materializations]
+    assert sum(projected) == 8 and projected[0] == 2
+    assert len(materializations) == 2, projected
 
 
 def _work_run_in_flight(instance, collection, status=dg.DagsterRunStatus.STARTED) -> dg.DagsterRun:
