@@ -44,6 +44,7 @@ defs = resolved(
             jobs.retry_collection_deletion_job,
             jobs.retry_media_usage_reconciliation_job,
             jobs.media_usage_projection_gc,
+            jobs.media_usage_instance_pruning,
         ],
         sensors=[
             sensors.media_usage_work_sensor,
@@ -55,7 +56,10 @@ defs = resolved(
             sensors.media_usage_queue_sensor,
             sensors.media_usage_run_health_sensor,
         ],
-        schedules=[schedules.media_usage_maintenance_schedule],
+        schedules=[
+            schedules.media_usage_maintenance_schedule,
+            schedules.media_usage_instance_pruning_schedule,
+        ],
         resources={
             "database": MediaUsageDatabase(),
             "automation": MediaUsageAutomation(),

@@ -14,6 +14,7 @@ from media_usage_orchestration.ops.deletion import (
     remove_registry,
     request_deletion,
 )
+from media_usage_orchestration.ops.instance_pruning import prune_instance
 from media_usage_orchestration.ops.maintenance import (
     settle_and_seed_reconciliations,
     sync_collection_partitions,
@@ -143,6 +144,18 @@ def media_usage_maintenance():
 )
 def media_usage_projection_gc():
     summarize_media_library(collect_projection_garbage())
+
+
+@dg.job(
+    name="media_usage_instance_pruning",
+    description="Bounds the Dagster instance: deletes the project's finished runs (with their "
+    "events) older than success_days / failure_days, never a run in flight, one holding an "
+    "asset's or check's latest event, or one a backfill in progress needs.",
+    executor_def=dg.in_process_executor,
+    tags={"media_usage/workflow": "instance_pruning"},
+)
+def media_usage_instance_pruning():
+    prune_instance()
 
 
 def _operator_job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDefinition:

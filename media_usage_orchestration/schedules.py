@@ -1,11 +1,16 @@
-"""The maintenance lane's schedule: EmDash's `*/2 * * * *`, launching a run only when a
-bounded probe finds something for the maintenance job to do, so an idle deployment launches
-no runs at all."""
+"""The project's schedules, each launching a run only when it finds something for its job to
+do, so an idle deployment launches no runs at all: the maintenance lane's (EmDash's
+`*/2 * * * *`, after a bounded probe), and the daily pruning of the Dagster instance."""
 
 import dagster as dg
 
-from media_usage_orchestration.jobs import media_usage_maintenance
+from media_usage_orchestration.jobs import media_usage_instance_pruning, media_usage_maintenance
 from media_usage_orchestration.ops.common import automation_default_schedule_status
+from media_usage_orchestration.ops.instance_pruning import (
+    ProjectGraph,
+    PruneInstanceConfig,
+    prunable_runs,
+)
 from media_usage_orchestration.partitions import partition_changes
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import database_not_ready
@@ -42,3 +47,21 @@ def media_usage_maintenance_schedule(
     if not pending:
         return dg.SkipReason("nothing to settle, seed or sync")
     return dg.RunRequest(tags={"media_usage/maintenance": ",".join(pending)})
+
+
+@dg.schedule(
+    name="media_usage_instance_pruning_schedule",
+    job=media_usage_instance_pruning,
+    cron_schedule="17 3 * * *",
+    execution_timezone="UTC",
+    default_status=automation_default_schedule_status(),
+    description="Daily at 03:17 UTC, when a finished run of the project is past its age: "
+    "prune the Dagster instance with the job's default ages. Otherwise the tick is skipped.",
+)
+def media_usage_instance_pruning_schedule(context: dg.ScheduleEvaluationContext):
+    policy = PruneInstanceConfig(max_runs=1).policy()
+    project = ProjectGraph.of(context.repository_def)
+    now = context.scheduled_execution_time.timestamp()
+    if not prunable_runs(context.instance, project, policy, now):
+        return dg.SkipReason("no finished run of the project is past its age")
+    return dg.RunRequest()

@@ -37,6 +37,7 @@ JOBS = {
         "finalize_coverage",
     ],
     "media_usage_projection_gc": ["collect_projection_garbage", "summarize_media_library"],
+    "media_usage_instance_pruning": ["prune_instance"],
     "media_usage_work": ["drain_due_work"],
     "request_collection_deletion": ["request_deletion"],
     "retry_collection_deletion": ["reopen_collection_deletion"],
@@ -49,6 +50,7 @@ WORKFLOW_TAGS = {
     "media_usage_maintenance": "maintenance",
     "media_usage_reconciliation": "reconciliation",
     "media_usage_projection_gc": "projection_gc",
+    "media_usage_instance_pruning": "instance_pruning",
     "media_usage_work": "work",
     "request_collection_deletion": "collection_deletion_request",
     "retry_collection_deletion": "operator",
@@ -71,6 +73,7 @@ SENSORS = {
 }
 SCHEDULES = {
     "media_usage_maintenance_schedule": ("media_usage_maintenance", "*/2 * * * *", "UTC"),
+    "media_usage_instance_pruning_schedule": ("media_usage_instance_pruning", "17 3 * * *", "UTC"),
 }
 RESOURCES = ["automation", "database", "io_manager"]
 PARTITIONS_DEF = "media_usage_collections"

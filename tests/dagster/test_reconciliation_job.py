@@ -408,7 +408,7 @@ print(json.dumps(statuses))
     ("automation", "expected"),
     [(None, "RUNNING"), ("stopped", "STOPPED"), (" Stopped ", "STOPPED")],
 )
-def test_sensors_and_the_schedule_run_by_default_and_the_switch_stops_them(automation, expected):
+def test_sensors_and_the_schedules_run_by_default_and_the_switch_stops_them(automation, expected):
     environment = {
         key: value for key, value in os.environ.items() if key != "MEDIA_USAGE_AUTOMATION"
     }
@@ -434,4 +434,5 @@ def test_sensors_and_the_schedule_run_by_default_and_the_switch_stops_them(autom
         "media_usage_queue_sensor": expected,
         "media_usage_run_health_sensor": expected,
         "media_usage_maintenance_schedule": expected,
+        "media_usage_instance_pruning_schedule": expected,
     }

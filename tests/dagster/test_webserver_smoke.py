@@ -5,7 +5,8 @@ with a throwaway instance (SQLite run storage, runs launched at once into a subp
 worker) and MEDIA_USAGE_DATABASE_URL pointing at the test database. Through GraphQL the location
 must be LOADED with every job, sensor and schedule; `media_usage_maintenance`, launched with
 DagsterGraphQLClient, must reach SUCCESS, carry its workflow tag, and leave its effect in the
-database (reconciliations seeded) and in the instance (collection partitions synced).
+database (reconciliations seeded) and in the instance (collection partitions synced); then
+`media_usage_instance_pruning` succeeds and leaves that young run alone.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ pytestmark = [
 
 REPOSITORY = "__repository__"
 MAINTENANCE_JOB = "media_usage_maintenance"
+PRUNING_JOB = "media_usage_instance_pruning"
 RECONCILIATION_JOB = "media_usage_reconciliation"
 WORKFLOW_TAG = "media_usage/workflow"
 
@@ -297,6 +299,15 @@ def test_the_webserver_loads_the_location_and_runs_the_maintenance_job(db, tmp_p
         assert tags.get(WORKFLOW_TAG) == "maintenance", tags
         # The run worker synced the instance's partitions from the test database's registry.
         assert _partition_keys(webserver, RECONCILIATION_JOB) == sorted(collections)
+
+        # The pruning op reads the code location's definitions, which only a launched run has:
+        # nothing is old enough yet, and the maintenance run stays.
+        pruning = webserver.submit_job_execution(PRUNING_JOB)
+        status = _wait_for_run(webserver, pruning)
+        assert status is dg.DagsterRunStatus.SUCCESS, (
+            f"run {pruning} ended {status.value}{webserver.stderr_tail()}"
+        )
+        assert webserver.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]["__typename"] == "Run"
 
     # The run worker wrote to the database MEDIA_USAGE_DATABASE_URL named: one pending
     # reconciliation seeded per untrusted collection.

@@ -17,6 +17,7 @@ import yaml
 from media_usage_orchestration import definitions
 from media_usage_orchestration.assets.health import RUN_START_GRACE_SECONDS
 from media_usage_orchestration.jobs import media_usage_reconciliation, media_usage_work
+from media_usage_orchestration.ops.instance_pruning import PruneInstanceConfig
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, QUEUE_TAG
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.sensors.alerts import ALERT_SENSOR_INTERVAL_SECONDS
@@ -148,3 +149,10 @@ def test_the_tick_history_the_guide_states_is_the_files():
         f"  {sensor['failure']}."
     )
     assert stated in GUIDE
+
+
+def test_the_pruning_ages_the_guides_state_are_the_jobs_defaults():
+    fields = PruneInstanceConfig.model_fields
+    success, failure = fields["success_days"].default, fields["failure_days"].default
+    assert f"past {success:g}\n  days (SUCCESS, CANCELED) or {failure:g} days (FAILURE)" in GUIDE
+    assert f"`success_days` {success:g}, `failure_days` {failure:g}" in README
