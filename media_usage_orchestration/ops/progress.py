@@ -20,6 +20,9 @@ import dagster as dg
 R = TypeVar("R")
 
 PROGRESS_INTERVAL_SECONDS = 1.0
+# A lingering work run drains a burst per edit: a line a second would be a line per batch, the
+# bulk of its events. Its liveness shows every half minute.
+WORK_PROGRESS_INTERVAL_SECONDS = 30.0
 
 
 class ProgressLog:
@@ -83,15 +86,17 @@ def logged_progress(
     *,
     total: int | None = None,
     detail: Callable[[], str] | None = None,
+    interval: float | None = None,
 ) -> Iterator[ProgressLog]:
     """A `ProgressLog` on the op's INFO log whose final line is written however the op ends;
-    `detail` adds what the count alone does not say to each line."""
+    `detail` adds what the count alone does not say to each line; a line at most every
+    `interval` seconds (`PROGRESS_INTERVAL_SECONDS` unless given)."""
     progress = ProgressLog(
         context.log.info,
         what,
         unit,
         total=total,
-        interval=PROGRESS_INTERVAL_SECONDS,
+        interval=PROGRESS_INTERVAL_SECONDS if interval is None else interval,
         detail=detail,
     )
     try:

@@ -17,6 +17,7 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.index import record_drained_coverage
+from media_usage_orchestration.ops import progress as progress_logs
 from media_usage_orchestration.ops.common import (
     retries_transient_errors,
     retry_transient_errors_only,
@@ -101,7 +102,13 @@ def drain_due_work(
             lambda: read_coverage_state(database.engine, collection_id),
         )
         linger = _linger(context, database.engine, config, collection_id)
-        with logged_progress(context, "work", "items", total=config.max_items) as progress:
+        with logged_progress(
+            context,
+            "work",
+            "items",
+            total=config.max_items,
+            interval=progress_logs.WORK_PROGRESS_INTERVAL_SECONDS,
+        ) as progress:
             drained = run_loop.drain_while_work_arrives(
                 database.engine,
                 budget,

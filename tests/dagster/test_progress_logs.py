@@ -72,7 +72,7 @@ def _work_log_lines(db, instance, *, entries: int, batch_size: int) -> list[str]
 
 
 def test_the_work_op_logs_bounded_progress_and_the_total(db, monkeypatch):
-    monkeypatch.setattr(progress_module, "PROGRESS_INTERVAL_SECONDS", 0)
+    monkeypatch.setattr(progress_module, "WORK_PROGRESS_INTERVAL_SECONDS", 0)
     with dg.DagsterInstance.ephemeral() as instance:
         lines = _work_log_lines(db, instance, entries=6, batch_size=2)
 
@@ -82,7 +82,9 @@ def test_the_work_op_logs_bounded_progress_and_the_total(db, monkeypatch):
 
 
 def test_a_work_op_over_within_the_interval_logs_no_progress_line(db, monkeypatch):
-    monkeypatch.setattr(progress_module, "PROGRESS_INTERVAL_SECONDS", 3600)
+    # The work op keeps its own, longer interval: a line a second would be one per batch.
+    monkeypatch.setattr(progress_module, "PROGRESS_INTERVAL_SECONDS", 0)
+    monkeypatch.setattr(progress_module, "WORK_PROGRESS_INTERVAL_SECONDS", 3600)
     with dg.DagsterInstance.ephemeral() as instance:
         lines = _work_log_lines(db, instance, entries=6, batch_size=2)
 
