@@ -78,13 +78,6 @@ def collection_has_run(instance: dg.DagsterInstance, job_name: str, collection_i
     )
 
 
-def runs_in_flight_of(instance: dg.DagsterInstance, job_name: str) -> list[dg.DagsterRun]:
-    """The job's runs queued or running (their tags say for what)."""
-    return list(
-        instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=IN_FLIGHT_STATUSES))
-    )
-
-
 def last_unsuccessful_run_id(
     instance: dg.DagsterInstance, job_name: str, tags: dict[str, str] | None = None
 ) -> str | None:

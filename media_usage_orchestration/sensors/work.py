@@ -10,15 +10,21 @@ lease-guarded, so runs of one collection (or EmDash's own lane beside them) take
 
 A work run whose worker died holds nothing for long: the run-health sensor fails it once its
 run lease expires, and the next tick asks for its successor (work runs are not crash-retried:
-the sensor is their one source, `dagster/max_retries=0` on the job)."""
+the sensor is their one source, `dagster/max_retries=0` on the job).
 
+A run in the last `HANDOVER_LEAD_SECONDS` of its time budget (`work_seconds_per_run`) no longer
+counts against `work_runs_per_collection`: while its collection's work is still due, its
+successor is asked for then, so that run's process starts while the ending one still drains,
+and no edit waits for a tick and a process start at the handover."""
+
+import time
 from collections import Counter
 
 import dagster as dg
 
 from media_usage_orchestration.jobs import media_usage_work
 from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
+from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, IN_FLIGHT_STATUSES
 from media_usage_orchestration.resources.automation import (
     MediaUsageAutomation,
     work_linger_from_environment,
@@ -30,7 +36,6 @@ from media_usage_orchestration.sensors.common import (
     last_unsuccessful_run_id,
     probe_when_ready,
     run_key,
-    runs_in_flight_of,
 )
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.probes import (
@@ -38,6 +43,25 @@ from media_usage_orchestration.store.probes import (
     CollectionDueWork,
     due_work_by_collection,
 )
+
+# Asked for this long before its predecessor's budget ends, a successor is running before the
+# predecessor stops: a tick (up to 5 s in the daemon's loop), the queue and a run worker's start
+# (2-4 s here) take less.
+HANDOVER_LEAD_SECONDS = 15.0
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _ending(record: dg.RunRecord, automation: MediaUsageAutomation, now: float) -> bool:
+    """A running work run within its budget's last `HANDOVER_LEAD_SECONDS` (by its start). A
+    budget of less than two leads has no handover: each successor would end at once."""
+    started = record.start_time
+    budget = automation.work_seconds_per_run
+    if started is None or budget < 2 * HANDOVER_LEAD_SECONDS:
+        return False
+    return now - started >= budget - HANDOVER_LEAD_SECONDS
 
 
 def _due_work(engine: Engine) -> list[CollectionDueWork]:
@@ -52,8 +76,9 @@ def _due_work(engine: Engine) -> list[CollectionDueWork]:
     default_status=automation_default_status(),
     description="One work run per collection with claimable work, tagged with the collection, "
     "while fewer than `max_work_runs` work runs are queued or running, fewer than "
-    "`work_runs_per_collection` of that collection are running and none of it is queued; the "
-    "run key follows the collection's due set.",
+    "`work_runs_per_collection` of that collection are running (a run in its budget's last "
+    f"{HANDOVER_LEAD_SECONDS:g} s not counted: its successor starts before it stops) and none "
+    "of it is queued; the run key follows the collection's due set.",
 )
 def media_usage_work_sensor(
     context: dg.SensorEvaluationContext,
@@ -66,13 +91,20 @@ def media_usage_work_sensor(
     if not due:
         return dg.SkipReason("no due work")
     # One read of the runs in flight (a few), counted per collection.
-    in_flight = runs_in_flight_of(context.instance, media_usage_work.name)
-    waiting = Counter(
-        run.tags.get(COLLECTION_ID_TAG) for run in in_flight if run.status in WAITING_STATUSES
+    in_flight = context.instance.get_run_records(
+        filters=dg.RunsFilter(job_name=media_usage_work.name, statuses=IN_FLIGHT_STATUSES)
     )
-    running = Counter(
-        run.tags.get(COLLECTION_ID_TAG) for run in in_flight if run.status not in WAITING_STATUSES
-    )
+    now = _now()
+    waiting, running, ending = Counter(), Counter(), {}
+    for record in in_flight:
+        run = record.dagster_run
+        collection_id = run.tags.get(COLLECTION_ID_TAG)
+        if run.status in WAITING_STATUSES:
+            waiting[collection_id] += 1
+        elif _ending(record, automation, now):
+            ending[collection_id] = run.run_id
+        else:
+            running[collection_id] += 1
     total = len(in_flight)
     requests = []
     for collection in due:
@@ -83,7 +115,15 @@ def media_usage_work_sensor(
             or total >= automation.max_work_runs
         ):
             continue
-        requests.append(_work_run(context.instance, automation, collection, running[collection_id]))
+        requests.append(
+            _work_run(
+                context.instance,
+                automation,
+                collection,
+                running[collection_id],
+                ending.get(collection_id),
+            )
+        )
         total += 1
     if not requests:
         if total >= automation.max_work_runs:
@@ -102,8 +142,11 @@ def _work_run(
     automation: MediaUsageAutomation,
     collection: CollectionDueWork,
     running: int,
+    succeeding: str | None = None,
 ) -> dg.RunRequest:
     tags = {COLLECTION_ID_TAG: collection.collection_id}
+    # The successor of an ending run: keyed by that run too, once per predecessor.
+    handover = (succeeding,) if succeeding is not None else ()
     return dg.RunRequest(
         run_key=run_key(
             "work",
@@ -114,6 +157,7 @@ def _work_run(
             running,
             # a run canceled or failed before its claim left the due set unchanged
             last_unsuccessful_run_id(instance, media_usage_work.name, tags),
+            *handover,
         ),
         run_config={
             "ops": {

@@ -9,11 +9,14 @@ from media_usage_orchestration import sensors
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.processing.activation import activate
 from media_usage_orchestration.processing.reconciliation import steps
+from media_usage_orchestration.resources.automation import MediaUsageAutomation
+from media_usage_orchestration.sensors import work as work_sensor_module
 from media_usage_orchestration.sensors.common import (
     AUTO_RETRY_RUN_ID_TAG,
     COLLECTION_ID_TAG,
     WILL_RETRY_TAG,
 )
+from media_usage_orchestration.sensors.work import HANDOVER_LEAD_SECONDS
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository
 from media_usage_orchestration.store.work import WorkRepository
@@ -132,3 +135,35 @@ def test_the_deletion_sensor_waits_for_a_run_in_flight(db, instance):
     ).run_requests
     assert request.run_config["ops"]["claim_deletion"]["config"]["collection_id"] == posts.id
     assert request.tags["media_usage/queue"] == "deletion:posts"
+
+
+def test_a_run_ending_its_budget_gets_its_successor_before_it_stops(db, instance, monkeypatch):
+    """In its budget's last `HANDOVER_LEAD_SECONDS` a running work run no longer holds its
+    collection: the successor is asked for while it still drains (once per predecessor), and a
+    successor waiting to start holds the collection as any queued run does."""
+    cms = CmsWriter(db.engine)
+    posts = cms.create_collection("posts", IMAGE_ONLY)
+    activate(db.engine)
+    cms.insert_entries("posts", [{"id": "entry-0", "hero": "m-0"}])
+    resources = resources_for(db.url)
+    ending = _run(
+        instance, "media_usage_work", dg.DagsterRunStatus.STARTED, {COLLECTION_ID_TAG: posts.id}
+    )
+    start = dg.DagsterEvent(
+        event_type_value=dg.DagsterEventType.RUN_START.value, job_name="media_usage_work"
+    )
+    instance.report_dagster_event(start, run_id=ending.run_id)  # its start time, now
+    started = instance.get_run_record_by_id(ending.run_id).start_time
+    handover = started + MediaUsageAutomation().work_seconds_per_run - HANDOVER_LEAD_SECONDS
+
+    def tick_at(moment: float):
+        monkeypatch.setattr(work_sensor_module, "_now", lambda: moment)
+        return evaluate(sensors.media_usage_work_sensor, instance, resources)
+
+    assert tick_at(handover - 1).run_requests == []  # mid-budget: it drains its collection
+    [request] = tick_at(handover).run_requests
+    assert request.tags[COLLECTION_ID_TAG] == posts.id
+    assert [each.run_key for each in tick_at(handover + 5).run_requests] == [request.run_key]
+
+    _run(instance, "media_usage_work", dg.DagsterRunStatus.STARTING, {COLLECTION_ID_TAG: posts.id})
+    assert tick_at(handover + 10).run_requests == []

@@ -21,6 +21,7 @@ from media_usage_orchestration.ops.instance_pruning import PruneInstanceConfig
 from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, QUEUE_TAG
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.sensors.alerts import ALERT_SENSOR_INTERVAL_SECONDS
+from media_usage_orchestration.sensors.work import HANDOVER_LEAD_SECONDS
 from media_usage_orchestration.values.errors import AlertNotDelivered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +157,9 @@ def test_the_pruning_ages_the_guides_state_are_the_jobs_defaults():
     success, failure = fields["success_days"].default, fields["failure_days"].default
     assert f"past {success:g}\n  days (SUCCESS, CANCELED) or {failure:g} days (FAILURE)" in GUIDE
     assert f"`success_days` {success:g}, `failure_days` {failure:g}" in README
+
+
+def test_the_handover_lead_the_readme_states_is_the_sensors():
+    assert f"in the last {HANDOVER_LEAD_SECONDS:g} s of its budget" in README
+    assert f"in the last {HANDOVER_LEAD_SECONDS:g} s of its budget" in GUIDE
+    assert f"in its budget's last {HANDOVER_LEAD_SECONDS:g} s" in GUIDE
