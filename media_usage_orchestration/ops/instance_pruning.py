@@ -89,10 +89,12 @@ def prunable_runs(
 def _old_finished_runs(
     instance: dg.DagsterInstance, project: ProjectGraph, policy: PruningPolicy, now: float
 ) -> list[dg.DagsterRun]:
-    runs: list[dg.DagsterRun] = []
+    """Each finished status's runs past its age, oldest first across the statuses (by their
+    last update; run ids are random and say nothing of age)."""
+    records: list[dg.RunRecord] = []
     for status, days in policy.kept_days().items():
         before = datetime.datetime.fromtimestamp(now - days * SECONDS_PER_DAY, datetime.UTC)
-        runs += instance.get_runs(
+        records += instance.get_run_records(
             filters=dg.RunsFilter(
                 statuses=[status],
                 updated_before=before,
@@ -101,7 +103,9 @@ def _old_finished_runs(
             limit=policy.limit,
             ascending=True,
         )
-    return sorted(runs, key=lambda run: run.run_id)
+    # Storage may keep the update to the second: creation breaks the ties.
+    records.sort(key=lambda record: (record.update_timestamp, record.create_timestamp))
+    return [record.dagster_run for record in records]
 
 
 def protected_run_ids(instance: dg.DagsterInstance, project: ProjectGraph) -> set[str]:

@@ -6,6 +6,7 @@ moved forward instead of backdated runs."""
 
 from __future__ import annotations
 
+import datetime
 import time
 
 import dagster as dg
@@ -91,10 +92,11 @@ def test_old_finished_runs_go_with_their_events_and_the_rest_stays(instance):
     assert delete_runs(instance, doomed) == 0  # gone meanwhile: not counted twice
 
 
-def test_at_most_the_policys_limit_is_pruned_per_run(instance):
-    for _ in range(5):
-        _run(instance, dg.DagsterRunStatus.SUCCESS)
-    assert len(_pruned(instance, PruningPolicy(limit=2))) == 2
+def test_at_most_the_policys_limit_is_pruned_per_run_oldest_first(instance):
+    failed = _run(instance, dg.DagsterRunStatus.FAILURE)
+    done = [_run(instance, dg.DagsterRunStatus.SUCCESS) for _ in range(5)]
+    assert _pruned(instance, PruningPolicy(limit=2)) == set(done[:2])
+    assert _pruned(instance, PruningPolicy(limit=2), days_later=61) == {failed, done[0]}
 
 
 def test_a_run_holding_a_latest_materialization_or_evaluation_stays(instance):
@@ -163,7 +165,5 @@ def test_pruning_with_the_projects_definitions_deletes_only_what_is_old(instance
     assert instance.get_run_by_id(running) is not None
 
 
-def _datetime(timestamp: float):
-    import datetime
-
+def _datetime(timestamp: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
