@@ -49,6 +49,7 @@ BENCH_REPEAT ?= 3
 BENCH_LARGE_POSTGRES ?= large-postgres
 BENCH_LIVE ?= live
 BENCH_GC_ROWS ?= 100000
+BENCH_SOAK_MINUTES ?= 5
 MEDIA_USAGE_BENCH_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 # Every measurement in its own process, then one summary table with the targets: the six
@@ -59,11 +60,14 @@ MEDIA_USAGE_BENCH_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/t
 # GC draining a backlog of BENCH_GC_ROWS obsolete occurrence rows on both dialects, and the live
 # latency of edits with a real daemon on both dialects; each Dagster-mode reconciliation beside
 # its job's floor (the same graph with empty ops). BENCH_LARGE_POSTGRES=no-large-postgres skips
-# the 10x run on PostgreSQL, BENCH_LIVE=no-live the live measurements.
+# the 10x run on PostgreSQL, BENCH_LIVE=no-live the live measurements. Last, a BENCH_SOAK_MINUTES
+# soak of the production setup on PostgreSQL (0 skips it; `media-usage bench --workload soak
+# --minutes 60` is the full one).
 bench: $(STAMP)
 	$(BIN)/python -m media_usage_orchestration.bench.suite --entries $(BENCH_ENTRIES) \
 		--tick-rows $(BENCH_TICK_ROWS) --repeat $(BENCH_REPEAT) --$(BENCH_LARGE_POSTGRES) \
-		--$(BENCH_LIVE) --gc-rows $(BENCH_GC_ROWS) --postgres-url '$(MEDIA_USAGE_BENCH_POSTGRES_URL)'
+		--$(BENCH_LIVE) --gc-rows $(BENCH_GC_ROWS) --soak-minutes $(BENCH_SOAK_MINUTES) \
+		--postgres-url '$(MEDIA_USAGE_BENCH_POSTGRES_URL)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

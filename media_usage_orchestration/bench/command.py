@@ -28,6 +28,7 @@ from media_usage_orchestration.bench.measure import (
 )
 from media_usage_orchestration.bench.report import print_phases, print_result
 from media_usage_orchestration.bench.scrub import run_scrub
+from media_usage_orchestration.bench.soak import SoakLoad, print_soak, run_soak
 from media_usage_orchestration.bench.tick import run_tick
 from media_usage_orchestration.store.core.engine import redacted_url
 
@@ -37,7 +38,12 @@ DEFAULT_ENTRIES = 5000
 def _refuse_bad_combinations(
     database_url: str | None, mode: str, workload: str, work_path: str, workers: int
 ) -> None:
-    if workload in ("live", "gc") and workers > 1:
+    if workload == "soak" and not is_postgres_url(database_url):
+        raise click.UsageError(
+            "--workload soak deploys on PostgreSQL (instance and CMS databases): pass "
+            "--database-url postgresql+psycopg://..."
+        )
+    if workload in ("live", "gc", "soak") and workers > 1:
         raise click.UsageError(f"--workload {workload} measures one lane's runs: one worker")
     if mode == "floor" and (workload != "reconcile" or workers > 1):
         raise click.UsageError("--mode floor reconciles with one worker (--workload reconcile)")
@@ -116,20 +122,22 @@ def _reference_database(database_url: str | None, keep: bool, mode: str) -> Iter
 )
 @click.option(
     "--workload",
-    type=click.Choice(["reconcile", "work", "tick", "scrub", "live", "gc"]),
+    type=click.Choice(["reconcile", "work", "tick", "scrub", "live", "gc", "soak"]),
     default="reconcile",
     show_default=True,
     help="tick: time the work sensor over --entries generated work rows; scrub: time the "
     "scrubber's slices over --entries reconciled entries; gc: projection-GC runs reaping a "
     "backlog of --entries obsolete rows aged past the safety window; live: edits at "
-    "--rate with a real daemon, after --entries entries in --collections are reconciled.",
+    "--rate with a real daemon, after --entries entries in --collections are reconciled; soak: "
+    "the production setup (deploy/dagster.yaml on PostgreSQL, code server, daemon, webserver) "
+    "under edits at --rate for --minutes, reported every --report-minutes.",
 )
 @click.option(
     "--rate",
     default=2.0,
     show_default=True,
     type=click.FloatRange(0.1, 100),
-    help="Live only: edits per second.",
+    help="Live and soak: edits per second.",
 )
 @click.option(
     "--seconds",
@@ -150,7 +158,21 @@ def _reference_database(database_url: str | None, keep: bool, mode: str) -> Iter
     default=3,
     show_default=True,
     type=click.IntRange(1, 6),
-    help="Live only: collections the entries and the edits (round-robin) are spread over.",
+    help="Live and soak: collections the entries and the edits (round-robin) are spread over.",
+)
+@click.option(
+    "--minutes",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(1, 1440),
+    help="Soak only: how long edits are written.",
+)
+@click.option(
+    "--report-minutes",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.5, 60),
+    help="Soak only: the length of each reported window.",
 )
 @click.option(
     "--path",
@@ -186,6 +208,8 @@ def bench(
     seconds: float,
     idle_seconds: float,
     collections: int,
+    minutes: float,
+    report_minutes: float,
     workers: int,
     profile_path: str | None,
     keep: bool,
@@ -193,6 +217,16 @@ def bench(
     """Measure reconciliation (or work processing, a sensor tick, live latency) on a fresh
     database."""
     _refuse_bad_combinations(database_url, mode, workload, work_path, workers)
+    if workload == "soak":
+        with fresh_database(database_url, keep) as url:
+            console.print(f"bench database: [bold]{escape(redacted_url(url))}[/]")
+            load = SoakLoad(url, database_url, entries, collections, rate, minutes, report_minutes)
+            record = run_soak(load)
+        print_soak(record)
+        click.echo(json.dumps(record))
+        if not record["verified"]:
+            raise SystemExit(1)
+        return
     if workload == "live":
         with fresh_database(database_url, keep) as url:
             console.print(f"bench database: [bold]{escape(redacted_url(url))}[/]")

@@ -148,6 +148,7 @@ class ProjectionWatch:
 
     engine: Engine
     pending: dict[int, Edit] = field(default_factory=dict)
+    expected: list[Edit] = field(default_factory=list)  # every edit, in order
     projected_at: dict[int, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: threading.Event = field(default_factory=threading.Event)
@@ -155,6 +156,7 @@ class ProjectionWatch:
     def expect(self, edit: Edit) -> None:
         with self.lock:
             self.pending[edit.index] = edit
+            self.expected.append(edit)
 
     def unprojected(self) -> int:
         with self.lock:

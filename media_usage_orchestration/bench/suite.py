@@ -10,7 +10,8 @@ on each combination's median); 10 N entries with the driver and with Dagster on 
 the driver on PostgreSQL unless `--no-large-postgres`); the drain with 2 workers on PostgreSQL
 against one; the work and queue sensors' ticks over `--tick-rows` generated work rows on both
 dialects; the projection GC reaping a backlog of `--gc-rows` obsolete rows (`gc.py`) on both
-dialects; unless `--no-live`, the live latency with a real daemon (`live.py`) on both dialects.
+dialects; unless `--no-live`, the live latency with a real daemon (`live.py`) on both dialects;
+unless `--soak-minutes 0`, a short soak of the production setup on PostgreSQL (`soak.py`).
 Each Dagster-mode reconciliation also runs its job's floor (`floor.py`) before and after its
 run: the summary's floor table shows both, and the reconciliation run's overhead beyond its
 steps is judged against the floor's wall time, on the medians of the rounds.
@@ -114,6 +115,7 @@ def plan(
     repeat: int = 1,
     live: bool = True,
     gc_rows: int = 100_000,
+    soak_minutes: float = 0,
 ) -> list[tuple[str, list[str], int]]:
     """(name, arguments, round) of every measurement, in the order they run."""
     postgres = ["--database-url", postgres_url]
@@ -148,6 +150,9 @@ def plan(
             ("sqlite live", ["--workload", "live"]),
             ("postgresql live", ["--workload", "live", *postgres]),
         ]
+    if soak_minutes:
+        soak = ["--workload", "soak", "--minutes", f"{soak_minutes:g}", "--report-minutes", "1"]
+        once.append(("postgresql soak", [*soak, "--entries", "1500", *postgres]))
     return measurements + [(name, arguments, 1) for name, arguments in once]
 
 
@@ -334,6 +339,7 @@ def findings(measurements: Sequence[Measurement]) -> list[tuple[str, float | Non
         _floor_findings(add, by_name.get(f"{dialect} dagster", []), dialect)
         _live_findings(add, records.get(f"{dialect} live"), dialect)
         _gc_findings(add, records.get(f"{dialect} gc"), dialect)
+    _soak_findings(add, records.get("postgresql soak"))
     peaks = [record["peak_rss_mb"] for record in records.values() if "peak_rss_mb" in record]
     if peaks:
         limit = TARGETS["peak_rss_mb"]
@@ -402,6 +408,37 @@ def _live_findings(add, live: dict | None, dialect: str) -> None:
     )
 
 
+def _soak_findings(add, soak: dict | None) -> None:
+    """The soak's targets (`soak.TARGETS`), each on its own line."""
+    if not soak:
+        return
+    targets = soak["targets"]
+    minutes = f"soak {soak['minutes']:g} min"
+    latency = soak["latency_seconds"]
+    complete = soak["verified"] and soak["projected"] == soak["edits"]
+    lines = (
+        ("latency p95 s", latency["p95"], "p95_seconds"),
+        ("latency max s", latency["max"], "max_seconds"),
+        ("instance MB/h", soak["instance_mb_per_hour"], "instance_mb_per_hour"),
+        (
+            "event_logs rows/h",
+            soak["rows_per_hour"].get("event_logs", 0),
+            "event_logs_rows_per_hour",
+        ),
+        ("alerts posted", soak["alerts"], "alerts"),
+        ("failed runs", soak["failed_runs"], "failed_runs"),
+        ("FAILURE ticks", soak["failure_ticks"], "failure_ticks"),
+    )
+    for what, value, name in lines:
+        limit = targets[name]
+        add(
+            f"{minutes}: {what}",
+            value,
+            f"<= {limit}",
+            complete and value is not None and value <= limit,
+        )
+
+
 def _gc_findings(add, gc: dict | None, dialect: str) -> None:
     """The backlog drained (to its last row, the index verified) within the runs and seconds."""
     if not gc:
@@ -455,6 +492,13 @@ def print_summary(measurements: Sequence[Measurement]) -> None:
     help="The live latency with a real daemon on both dialects (about 3 minutes each).",
 )
 @click.option(
+    "--soak-minutes",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 1440),
+    help="A soak of the production setup on PostgreSQL for this many minutes (0: none).",
+)
+@click.option(
     "--gc-rows",
     default=100_000,
     show_default=True,
@@ -469,12 +513,13 @@ def main(
     repeat: int,
     live: bool,
     gc_rows: int,
+    soak_minutes: float,
 ) -> None:
     """Run every bench measurement in its own process and print one summary."""
     measurements = [
         run_measurement(name, arguments, round_)
         for name, arguments, round_ in plan(
-            entries, postgres_url, tick_rows, large_postgres, repeat, live, gc_rows
+            entries, postgres_url, tick_rows, large_postgres, repeat, live, gc_rows, soak_minutes
         )
     ]
     print_summary(measurements)

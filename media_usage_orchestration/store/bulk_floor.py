@@ -2,11 +2,14 @@
 plain bulk statements and the rules' minimal bookkeeping, and a reader of the end state it
 compares with the driver's.
 
-Per page: the content rows are read, the page's work enqueued and claimed under one lease
-token (one statement each, with the read in one transaction); then the occurrences and the
-sources are written and the work completed (one statement each, in another). Every source
-write is guarded in its own statement by that token's live work lease and by the source's
-absence (the generation the page found).
+The reconciliation holds a leased coordinator row, as the seeds' does. Per page of at most 50
+entries (the seeds' `findScanPage` cap): the content rows are read, the page's work enqueued and
+each item claimed under a lease of its own (one statement each, with the read in one
+transaction); then the occurrences and the sources are written, the work completed and the
+coordinator's scan cursor checkpointed (one statement each, in another). Every source write is
+guarded in its own statement by its item's live work lease and by the source's absence (the
+generation the page found); the completion by each item's lease; the checkpoint by the
+coordinator's live lease, and a lost lease rolls the page back.
 """
 
 from __future__ import annotations
@@ -48,16 +51,34 @@ from media_usage_orchestration.store.core.schema import (
     work,
 )
 from media_usage_orchestration.store.sources.rows import content_table, execute_many
+from media_usage_orchestration.values.errors import FloorLeaseLost
 from media_usage_orchestration.values.source_records import SOURCE_TYPE_CONTENT
 
 WORK_LEASE_SECONDS = 60
+COORDINATOR_LEASE_SECONDS = 60
 _LEASED = "leased"
 
 
-def take_status(engine: Engine, collection_id: str) -> int | None:
-    """Make the collection's active coverage status running at a new epoch; that epoch."""
+def take_status(engine: Engine, collection_id: str, collection_slug: str, token: str) -> int | None:
+    """Make the collection's active coverage status running at a new epoch and lease the
+    collection's coordinator row to `token`; that epoch, or None without an active status.
+    Another holder's live lease on the coordinator row refuses both (FloorLeaseLost)."""
     with engine.begin() as connection:
-        return connection.execute(_TAKE_STATUS, {"page_collection_id": collection_id}).scalar()
+        epoch = connection.execute(_TAKE_STATUS, {"page_collection_id": collection_id}).scalar()
+        if epoch is None:
+            return None
+        claimed = connection.execute(
+            _claim_coordinator(connection.dialect.name),
+            {
+                "page_collection_id": collection_id,
+                "page_collection_slug": collection_slug,
+                "coordinator_token": token,
+                "epoch": epoch,
+            },
+        )
+        if claimed.first() is None:
+            raise FloorLeaseLost(f"another holder leases {collection_id}'s reconciliation")
+        return epoch
 
 
 def read_and_claim_page(
@@ -93,14 +114,27 @@ def write_page(
     built_sources: list[dict[str, Any]],
     built_occurrences: list[dict[str, Any]],
     token: str,
+    checkpoint: tuple[str, str],
 ) -> None:
-    """The page's occurrences, its guarded sources, then its work completed."""
+    """The page's occurrences, its guarded sources, its work completed, and the coordinator's
+    scan cursor moved to the page's last id: `checkpoint` is (coordinator token, last id)."""
+    coordinator_token, last_id = checkpoint
     with engine.begin() as connection:
         _insert_occurrences(connection, built_occurrences)
         _insert_sources(connection, built_sources, token)
         connection.execute(
             _COMPLETE_WORK, {"page_collection_id": collection_id, "page_lease_token": token}
         )
+        moved = connection.execute(
+            _CHECKPOINT,
+            {
+                "page_collection_id": collection_id,
+                "coordinator_token": coordinator_token,
+                "scan_cursor": last_id,
+            },
+        )
+        if moved.rowcount != 1:
+            raise FloorLeaseLost(f"the floor's lease on {collection_id} was lost")
 
 
 def remove_sources_without_content(engine: Engine, collection_id: str, slug: str) -> None:
@@ -108,14 +142,21 @@ def remove_sources_without_content(engine: Engine, collection_id: str, slug: str
         _remove_sources_without_content(connection, collection_id, slug)
 
 
-def complete_coverage(engine: Engine, collection_id: str, schema_version: int) -> bool:
-    """Coverage complete once no work is left; the collection's coordinator row goes."""
-    parameters = {"page_collection_id": collection_id, "page_schema_version": schema_version}
+def complete_coverage(
+    engine: Engine, collection_id: str, schema_version: int, coordinator_token: str
+) -> bool:
+    """Coverage complete once no work is left, and the collection's coordinator row gone,
+    both while the floor's lease on it is live (FloorLeaseLost otherwise)."""
+    parameters = {
+        "page_collection_id": collection_id,
+        "page_schema_version": schema_version,
+        "coordinator_token": coordinator_token,
+    }
     with engine.begin() as connection:
+        released = connection.execute(_RELEASE_COORDINATOR, parameters)
+        if released.rowcount != 1:
+            raise FloorLeaseLost(f"the floor's lease on {collection_id} was lost")
         completed = connection.execute(_COMPLETE_STATUS, parameters)
-        connection.execute(
-            delete(reconciliations).where(reconciliations.c.collection_id == collection_id)
-        )
         return completed.rowcount == 1
 
 
@@ -176,6 +217,59 @@ def _enqueue_statement(collection_slug: str):
     return work.insert().from_select(names, selected)
 
 
+def _claim_coordinator(dialect_name: str):
+    """The coordinator row leased to the floor: inserted, or taken over unless its lease is
+    held and live."""
+    values = {
+        "collection_id": bindparam("page_collection_id", type_=Text),
+        "collection_slug": bindparam("page_collection_slug", type_=Text),
+        "run_token": bindparam("coordinator_token", type_=Text),
+        "target_epoch": bindparam("epoch", type_=Integer),
+        "state": _LEASED,
+        "phase": "scan",
+        "scan_cursor": None,
+        "next_attempt_at": now(),
+        "lease_token": bindparam("coordinator_token", type_=Text),
+        "lease_expires_at": timestamp_offset(COORDINATOR_LEASE_SECONDS),
+        "updated_at": now(),
+    }
+    inserted = dialect_insert(dialect_name, reconciliations).values(values)
+    held = and_(
+        reconciliations.c.state == _LEASED,
+        lease_live_at_clock(reconciliations.c.lease_expires_at),
+    )
+    # RETURNING tells whether a row was written (an upsert's rowcount is not portable).
+    return inserted.on_conflict_do_update(
+        index_elements=[reconciliations.c.collection_id],
+        set_={name: value for name, value in values.items() if name != "collection_id"},
+        where=~held,
+    ).returning(reconciliations.c.collection_id)
+
+
+# A coordinator statement guarded by the floor's live lease on the row.
+_COORDINATOR_HELD = and_(
+    reconciliations.c.collection_id == bindparam("page_collection_id"),
+    reconciliations.c.lease_token == bindparam("coordinator_token"),
+    reconciliations.c.state == _LEASED,
+    lease_live_at_clock(reconciliations.c.lease_expires_at),
+)
+_CHECKPOINT = (
+    update(reconciliations)
+    .where(_COORDINATOR_HELD)
+    .values(
+        scan_cursor=bindparam("scan_cursor"),
+        lease_expires_at=timestamp_offset(COORDINATOR_LEASE_SECONDS),
+        updated_at=now(),
+    )
+)
+_RELEASE_COORDINATOR = delete(reconciliations).where(_COORDINATOR_HELD)
+
+
+def _item_token(content_id):
+    """Each work item's own lease token: the page's token and the item's id."""
+    return bindparam("page_lease_token", type_=Text) + ":" + content_id
+
+
 _PAGE_WORK = and_(
     work.c.collection_id == bindparam("page_collection_id"),
     work.c.content_id > bindparam("after"),
@@ -186,7 +280,7 @@ _CLAIM = (
     .where(_PAGE_WORK, work.c.state == "pending")
     .values(
         state=_LEASED,
-        lease_token=bindparam("page_lease_token"),
+        lease_token=_item_token(work.c.content_id),
         lease_expires_at=timestamp_offset(WORK_LEASE_SECONDS),
         last_attempted_at=now(),
         updated_at=now(),
@@ -194,7 +288,7 @@ _CLAIM = (
 )
 _COMPLETE_WORK = delete(work).where(
     work.c.collection_id == bindparam("page_collection_id"),
-    work.c.lease_token == bindparam("page_lease_token"),
+    work.c.lease_token == _item_token(work.c.content_id),
     work.c.state == _LEASED,
     lease_live_at_clock(work.c.lease_expires_at),
 )
@@ -218,8 +312,9 @@ def _insert_occurrences(connection: Connection, rows: list[dict[str, Any]]) -> N
 
 
 def _insert_sources(connection: Connection, rows: list[dict[str, Any]], token: str) -> None:
-    """Each source only while its entry's work is leased to `token` and live, and only if it
-    is still absent (the generation the page found)."""
+    """Each source only while its entry's work is leased (under its own token, from the
+    page's `token`) and live, and only if it is still absent (the generation the page
+    found)."""
     if not rows:
         return
     names = tuple(rows[0])
@@ -241,7 +336,7 @@ def _guarded_source_insert(dialect_name: str, names: tuple[str, ...], values: Ma
         select(literal(1)).where(
             work.c.collection_id == values["collection_id"],
             work.c.content_id == values["content_id"],
-            work.c.lease_token == bindparam("page_lease_token", type_=Text),
+            work.c.lease_token == _item_token(values["content_id"]),
             work.c.state == _LEASED,
             lease_live_at_clock(work.c.lease_expires_at),
         )

@@ -160,6 +160,13 @@ class DeletionError(MediaUsageError, RuntimeError):
     code = "MEDIA_USAGE_COLLECTION_DELETION_FAILED"
 
 
+class FloorLeaseLost(MediaUsageError, RuntimeError):
+    """The bench floor's coordinator row is no longer leased to it: nothing of its page is
+    kept."""
+
+    code = "MEDIA_USAGE_FLOOR_LEASE_LOST"
+
+
 class DeletionIdentityConflict(DeletionError):
     code = "MEDIA_USAGE_COLLECTION_DELETION_IDENTITY_CONFLICT"
 

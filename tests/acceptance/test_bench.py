@@ -473,7 +473,7 @@ def test_the_floor_end_state_equals_the_drivers_and_the_digest_sees_a_difference
     floor_collection = create_collection(db.engine)
     driver_collection = create_collection(twin.engine, collection_id=floor_collection.id)
     for each in (db, twin):
-        insert_entries(each.engine, 130)  # two floor pages, three driver scan pages
+        insert_entries(each.engine, 130)  # three pages of at most 50, as the driver's scan
         activate(each.engine)
     assert reconcile_floor(db.engine, floor_collection) == 1
     DriverMode(twin.engine, driver_collection).reconcile()
@@ -493,3 +493,171 @@ def test_the_floor_end_state_equals_the_drivers_and_the_digest_sees_a_difference
             .values(media_id="another-media")
         )
     assert end_state_digest(db.engine, floor_collection)["digest"] != floor["digest"]
+
+
+def test_the_floor_keeps_the_seeds_contract_items_own_leases_and_guarded_checkpoints(db):
+    """Each work item is claimed under its own token, each page moves the leased coordinator's
+    scan cursor, and a page whose coordinator lease was lost is not written at all."""
+    from sqlalchemy import select, update
+
+    from media_usage_orchestration.bench.database import create_collection, insert_entries
+    from media_usage_orchestration.bench.drain_floor import FLOOR_PAGE_SIZE, _built
+    from media_usage_orchestration.processing.content_reads import read_fields
+    from media_usage_orchestration.store import bulk_floor
+    from media_usage_orchestration.values.errors import FloorLeaseLost
+
+    collection = create_collection(db.engine)
+    insert_entries(db.engine, 70)
+    activate(db.engine)
+    fields = read_fields(db.engine, collection.slug, collection.id)
+    epoch = bulk_floor.take_status(db.engine, collection.id, collection.slug, "coordinator")
+    assert epoch is not None and FLOOR_PAGE_SIZE == 50
+
+    rows, revisions = bulk_floor.read_and_claim_page(
+        db.engine, collection.id, collection.slug, fields, epoch, "", FLOOR_PAGE_SIZE, "page"
+    )
+    with db.engine.connect() as connection:
+        tokens = connection.execute(select(schema.work.c.lease_token)).scalars().all()
+    assert len(rows) == 50 and len(set(tokens)) == 50
+    assert {token.split(":", 1)[0] for token in tokens} == {"page"}
+    built = _built(collection, fields, rows, revisions)
+    bulk_floor.write_page(db.engine, collection.id, *built, "page", ("coordinator", rows[-1]["id"]))
+    reconciliation = schema.reconciliations
+    with db.engine.connect() as connection:
+        cursor = connection.execute(select(reconciliation.c.scan_cursor)).scalar_one()
+    assert cursor == rows[-1]["id"]
+    assert count(db.engine, schema.sources) == 50 and count(db.engine, schema.work) == 0
+
+    # Another holder takes the coordinator: the next page writes nothing, its work stays.
+    rows, revisions = bulk_floor.read_and_claim_page(
+        db.engine, collection.id, collection.slug, fields, epoch, cursor, FLOOR_PAGE_SIZE, "p2"
+    )
+    with db.engine.begin() as connection:
+        connection.execute(update(reconciliation).values(lease_token="another"))
+    built = _built(collection, fields, rows, revisions)
+    with pytest.raises(FloorLeaseLost):
+        bulk_floor.write_page(db.engine, collection.id, *built, "p2", ("coordinator", "x"))
+    assert count(db.engine, schema.sources) == 50 and count(db.engine, schema.work) == 20
+    with pytest.raises(FloorLeaseLost):
+        bulk_floor.take_status(db.engine, collection.id, collection.slug, "a third")
+
+
+# --- the soak -----------------------------------------------------------------------------------
+
+
+def test_the_suite_plans_a_short_soak_last_and_judges_each_of_its_targets():
+    from media_usage_orchestration.bench.soak import TARGETS as SOAK_TARGETS
+
+    planned = plan(5000, "postgresql+psycopg://server/db", 10, False, soak_minutes=5)
+    name, arguments, _ = planned[-1]
+    assert name == "postgresql soak"
+    assert arguments[:4] == ["--workload", "soak", "--minutes", "5"]
+    assert arguments[-2:] == ["--database-url", "postgresql+psycopg://server/db"]
+    assert not [each for each in plan(5000, "x", 10, False) if "soak" in each[0]]
+
+    soak = {
+        "workload": "soak",
+        "minutes": 5.0,
+        "verified": True,
+        "edits": 600,
+        "projected": 600,
+        "latency_seconds": {"p50": 0.3, "p95": 0.6, "max": 12.0},
+        "instance_mb_per_hour": 1.5,
+        "rows_per_hour": {"event_logs": 1800},
+        "alerts": 0,
+        "failed_runs": 0,
+        "failure_ticks": 1,
+        "targets": SOAK_TARGETS,
+        "peak_rss_mb": 100.0,
+    }
+    judged = findings([Measurement("postgresql soak", (), soak)])
+
+    assert {what: (value, met) for what, value, _, met in judged} == {
+        "soak 5 min: latency p95 s": (0.6, True),
+        "soak 5 min: latency max s": (12.0, False),
+        "soak 5 min: instance MB/h": (1.5, True),
+        "soak 5 min: event_logs rows/h": (1800, False),
+        "soak 5 min: alerts posted": (0, True),
+        "soak 5 min: failed runs": (0, True),
+        "soak 5 min: FAILURE ticks": (1, False),
+        "peak RSS MB (largest)": (100.0, True),
+    }
+
+
+def test_the_soak_refuses_sqlite_before_deploying_anything():
+    result = invoke("--workload", "soak", "--minutes", "1")
+
+    assert result.exit_code == 2
+    assert "--workload soak deploys on PostgreSQL" in result.output
+
+
+def test_a_soak_sample_reads_every_instance_table_and_splits_events_and_ticks():
+    """On a real dagster-postgres instance: a run's events are run-bound, a runless
+    observation is not, and each tick is counted under its type and status."""
+    import dagster as dg
+    from dagster._core.scheduler.instigation import (
+        InstigatorType,
+        TickData,
+        TickStatus,
+    )
+    from sqlalchemy import make_url
+
+    from media_usage_orchestration.bench.instance import bench_instance
+    from media_usage_orchestration.bench.soak_samples import growth_per_hour
+    from media_usage_orchestration.store.dagster_instance import (
+        RUN_EVENTS,
+        RUNLESS_EVENTS,
+        instance_database_engine,
+        instance_tables,
+    )
+
+    require_postgres()
+
+    @dg.op
+    def noop():
+        return None
+
+    @dg.job
+    def soak_sample_job():
+        noop()
+
+    with bench_instance(postgres_admin_url()) as instance:
+        url = make_url(instance.event_log_storage.postgres_url)
+        engine = instance_database_engine(
+            {
+                "DAGSTER_PG_USER": url.username or "postgres",
+                "DAGSTER_PG_PASSWORD": url.password or "",
+                "DAGSTER_PG_HOST": url.host or "127.0.0.1",
+                "DAGSTER_PG_PORT": str(url.port or 5432),
+                "DAGSTER_PG_DB": url.database or "",
+            }
+        )
+        try:
+            with engine.connect() as connection:
+                before = instance_tables(connection)
+            assert soak_sample_job.execute_in_process(instance=instance).success
+            instance.report_runless_asset_event(dg.AssetObservation("soak_sample_asset"))
+            instance.create_tick(
+                TickData(
+                    instigator_origin_id="origin",
+                    instigator_name="soak_sample_sensor",
+                    instigator_type=InstigatorType.SENSOR,
+                    status=TickStatus.SKIPPED,
+                    timestamp=0.0,
+                    selector_id="selector",
+                )
+            )
+            with engine.connect() as connection:
+                after = instance_tables(connection)
+        finally:
+            engine.dispose()
+
+    assert {"runs", "event_logs", "job_ticks", "run_tags"} <= set(after.tables)
+    assert after.tables["runs"].rows == before.tables["runs"].rows + 1
+    run_rows, run_bytes = after.parts[RUN_EVENTS]
+    assert run_rows > 5 and run_bytes > 0
+    assert after.parts[RUNLESS_EVENTS][0] == 1
+    assert after.parts["job_ticks:SENSOR:SKIPPED"][0] == 1
+    assert after.event_types["ASSET_OBSERVATION"] == 1
+    assert after.database_bytes >= after.table_bytes() > 0
+    assert growth_per_hour(before, after)["runs"]["rows"] > 0

@@ -1,76 +1,23 @@
-"""A local webhook receiver on 127.0.0.1, as the alert sensor's tests and the deployment tier use
-it: every request it got, answered with a status the test sets."""
+"""The local webhook receiver (`media_usage_orchestration.bench.webhook`) as the alert sensor's
+tests and the deployment tier use it: at a path holding a secret token, to prove the token
+appears nowhere the project writes."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from media_usage_orchestration.bench.webhook import Receiver
+from media_usage_orchestration.bench.webhook import receiving as receiving_at
 
 # A token such as a Slack webhook URL carries: it must appear nowhere the project writes.
 SECRET = "T0000/B0000/s3cr3t-t0ken"
 
 
-@dataclass
-class Receiver:
-    """A local webhook: every request it got, and the status it answers with."""
-
-    url: str
-    requests: list[dict] = field(default_factory=list)
-    status: int = 200
-
-    @property
-    def texts(self) -> list[str]:
-        return [request["body"]["text"] for request in self.requests]
-
-    def posted(self, text: str) -> list[float]:
-        """When each post whose text holds `text` arrived (time.time())."""
-        return [r["at"] for r in self.requests if r["body"] and text in r["body"]["text"]]
-
-
 @contextlib.contextmanager
 def receiving() -> Iterator[Receiver]:
-    receiver = Receiver(url="")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            self._record(json.loads(body))
-
-        def do_GET(self):
-            self._record(None)
-
-        def _record(self, body):
-            receiver.requests.append(
-                {
-                    "method": self.command,
-                    "path": self.path,
-                    "content_type": self.headers["Content-Type"],
-                    "body": body,
-                    "at": time.time(),
-                }
-            )
-            self.send_response(receiver.status)
-            if 300 <= receiver.status < 400:
-                self.send_header("Location", "/elsewhere")
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args):  # quiet
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/services/{SECRET}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with receiving_at(f"/services/{SECRET}") as receiver:
         yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+
+
+__all__ = ["SECRET", "Receiver", "receiving"]
