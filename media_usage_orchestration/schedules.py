@@ -52,11 +52,12 @@ def media_usage_maintenance_schedule(
 @dg.schedule(
     name="media_usage_instance_pruning_schedule",
     job=media_usage_instance_pruning,
-    cron_schedule="17 3 * * *",
+    cron_schedule="17 * * * *",
     execution_timezone="UTC",
     default_status=automation_default_schedule_status(),
-    description="Daily at 03:17 UTC, when a finished run of the project is past its age: "
-    "prune the Dagster instance with the job's default ages. Otherwise the tick is skipped.",
+    description="Hourly at :17, when a finished run of the project is past its age: prune the "
+    "Dagster instance with the job's default ages (at most max_runs a run, so a busy "
+    "deployment's day of runs goes in small steps). Otherwise the tick is skipped.",
 )
 def media_usage_instance_pruning_schedule(context: dg.ScheduleEvaluationContext):
     policy = PruneInstanceConfig(max_runs=1).policy()

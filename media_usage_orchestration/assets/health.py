@@ -39,7 +39,7 @@ from media_usage_orchestration.previews import OBSERVABLE_SOURCES, accepting
 from media_usage_orchestration.store.core.clock import seconds_between
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.core.schema import missing_tables, run_leases
-from media_usage_orchestration.store.coverage import CollectionCoverage
+from media_usage_orchestration.store.coverage import CollectionCoverage, health_status
 from media_usage_orchestration.store.queue import WorkQueue
 from media_usage_orchestration.store.run_leases import read_run_leases
 
@@ -48,6 +48,9 @@ COVERAGE_CHECK = "coverage_complete"
 # A due item younger than this is an edit in flight or a run handover: the work sensor queues a
 # run for it within one daemon loop or two (a queued run counts as alive), on a busy host too.
 RUN_START_GRACE_SECONDS = 30.0
+COVERED = (
+    "coverage complete, no failed work (edits made since are queued and projected as they arrive)"
+)
 CHECK_WORKFLOW = "check"  # the WORKFLOW_TAG of a run that executes checks
 WORK_JOB = "media_usage_work"  # jobs.media_usage_work (jobs import the assets)
 # Work runs in flight at once are a few per collection; more are not read.
@@ -207,8 +210,10 @@ def coverage_verdict(coverage: CollectionCoverage, read_at: str, stall_seconds: 
         )
     if problems:
         description = "; ".join(problems)
-    elif complete:
-        description = "coverage complete, no failed work"
+    elif health_status(coverage.status, coverage.reconciliation_required) == "complete":
+        # One description for complete and for complete-but-for-queued-edits, so that steady
+        # edits (each turns the status stale until projected) record no new evaluation.
+        description = COVERED
     else:
         description = f"coverage {coverage.status or 'none'}: a reconciliation is making progress"
     return Verdict(

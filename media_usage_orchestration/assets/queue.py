@@ -2,8 +2,9 @@
 collection, beside its coverage history asset, and the check `queue_healthy` on each.
 
 No run observes them: the queue sensor (`sensors/queue.py`) reads every live collection's queue
-(`store/queue.py`) and reports an observation and a check evaluation for each collection whose
-numbers changed, and for each at least every few minutes. One unpartitioned asset per
+(`store/queue.py`) and reports an observation for each collection whose state changed, and every
+5 minutes for each whose numbers moved or that has due work, and a check evaluation whenever a
+verdict changes. One unpartitioned asset per
 collection, as for the coverage history: Dagster 1.13 plots an asset's numeric metadata over
 time on its own Plots view, and the check needs no partition (a partitioned check is still a
 preview feature).
@@ -62,8 +63,8 @@ def queue_specs(slugs: Sequence[str]) -> list[dg.AssetSpec]:
             group_name=QUEUE_GROUP,
             kinds={"sql"},
             description=f"The work queue of the collection {slug!r}, observed by the sensor "
-            "media_usage_queue_sensor when its numbers change and at least every 5 minutes "
-            "(no run): due, backing_off, leased, stuck and failed items, lag_seconds (how long "
+            "media_usage_queue_sensor when its state changes and every 5 minutes while its "
+            "numbers move or work is due (no run): due, backing_off, leased, stuck and failed items, lag_seconds (how long "
             "the first due item has waited, database time) and completed_last_5_minutes; the "
             "newest failed items with the Launchpad config that retries each. Counts stop at "
             f"{COUNT_LIMIT:,} rows of a state (inexact_counts names them).",

@@ -330,6 +330,7 @@ def soak_record(engine: Engine, load: SoakLoad, soak: Soak, windows: list[dict])
             name: round(each["rows"]) for name, each in growth.items() if round(each["rows"])
         },
         "event_types_per_hour": _event_types_per_hour(first, last, hours),
+        "ticks_per_hour": _ticks_per_hour(soak.setup.instance, first, last, hours),
         "projection": thirty_day_projection(first, last),
         "runs": dict(runs),
         "failed_runs": sum(count for key, count in runs.items() if key.endswith(" FAILURE")),
@@ -352,6 +353,21 @@ def _event_types_per_hour(first: InstanceSample, last: InstanceSample, hours: fl
         for kind, rows in last.event_types.items()
     }
     return dict(sorted(((k, v) for k, v in gained.items() if v), key=lambda kv: -kv[1]))
+
+
+def _ticks_per_hour(
+    instance: dg.DagsterInstance, first: InstanceSample, last: InstanceSample, hours: float
+) -> dict[str, int]:
+    """Tick rows written per hour by each sensor and schedule (purged ones aside)."""
+    names = {
+        state.instigator_origin_id: state.instigator_name
+        for state in instance.all_instigator_state()
+    }
+    gained = {
+        names.get(origin, origin): round((rows - first.tick_origins.get(origin, 0)) / hours)
+        for origin, rows in last.tick_origins.items()
+    }
+    return dict(sorted(gained.items(), key=lambda item: -item[1]))
 
 
 def _judged_rss_growth(soak: Soak) -> dict:

@@ -1,8 +1,9 @@
 """Pruning the Dagster instance: what Dagster OSS never deletes by itself.
 
 deploy/dagster.yaml's `retention:` purges tick history; runs and their events otherwise stay
-forever (a work run writes dozens of events). `prune_instance` deletes this project's finished
-runs, with their events, once they are older than `success_days` (SUCCESS, CANCELED) or
+forever (a work run writes dozens of events), and the compute log manager keeps each run's
+captured stdout and stderr (files under $DAGSTER_HOME/storage by default). `prune_instance` deletes this project's finished
+runs, with their events and captured logs, once they are older than `success_days` (SUCCESS, CANCELED) or
 `failure_days` (FAILURE), and never:
 - a run in flight (only finished runs are looked at);
 - a run holding an asset's latest materialization or observation (per partition) or a check's
@@ -146,11 +147,15 @@ def _in_backfill(instance: dg.DagsterInstance, run: dg.DagsterRun, seen: dict[st
 
 
 def delete_runs(instance: dg.DagsterInstance, runs: Iterable[dg.DagsterRun]) -> int:
-    """Delete each run with its events; a run gone meanwhile is not counted."""
+    """Delete each run with its events and its captured stdout and stderr (the compute log
+    manager keeps them apart from the database: files under $DAGSTER_HOME/storage with the
+    default manager, which Dagster's `delete_run` leaves behind); a run gone meanwhile is not
+    counted."""
     deleted = 0
     for run in runs:
         if instance.get_run_by_id(run.run_id) is not None:
             instance.delete_run(run.run_id)
+            instance.compute_log_manager.delete_logs(prefix=[run.run_id])
             deleted += 1
     return deleted
 

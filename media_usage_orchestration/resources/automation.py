@@ -43,7 +43,12 @@ class MediaUsageAutomation(dg.ConfigurableResource):
     )
     work_items_per_run: int = Field(default=5000, ge=1, description="Items one work run takes on.")
     work_seconds_per_run: float = Field(
-        default=120.0, gt=0, le=3600, description="Time budget of one work run."
+        default=600.0,
+        gt=0,
+        le=3600,
+        description="Time budget of one work run. While its collection's edits keep arriving "
+        "a work run lasts this long, then hands over to its successor: fewer, longer runs "
+        "mean fewer run starts and events.",
     )
     work_linger_seconds: float = Field(
         default=DEFAULT_WORK_LINGER_SECONDS,

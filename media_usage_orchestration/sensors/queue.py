@@ -3,10 +3,13 @@ assets `media_usage_queue/<slug>` and `media_usage_coverage/<slug>`, and the eva
 their checks `queue_healthy` and `coverage_complete` (`assets/health.py`), reported by the tick
 itself (no run is launched, so an idle deployment launches none).
 
-A collection is observed when its numbers change (the counts, the first due item, the newest
-failures, the items completed in the last 5 minutes, the coverage numbers) and at least every
-5 minutes, so its lag keeps plotting while nothing moves: the cursor keeps, per collection, a
-digest of what was last observed and when (database time). A check is evaluated whenever the
+A collection is observed at once when its state changes (failed or stuck work appears, changes
+or clears; its coverage status, as its health sees it, or error changes), and every 5 minutes
+while its numbers move or work is due (the counts, the first due item, the items completed in
+the last 5 minutes, the coverage numbers, the lag): under steady edits the numbers change at
+every tick, and an observation at every tick was most of the instance's growth (runless events
+are never pruned). An idle, unchanged collection is not observed again. The cursor keeps, per
+collection, digests of what was last observed and when (database time). A check is evaluated whenever the
 verdict read now differs from its latest stored evaluation: the only writer of both checks, so
 their latest evaluations are at most one tick old.
 
@@ -49,7 +52,11 @@ from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import probe_when_ready
 from media_usage_orchestration.store.core.clock import seconds_between
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.coverage import CollectionCoverage, read_all_coverage
+from media_usage_orchestration.store.coverage import (
+    CollectionCoverage,
+    health_status,
+    read_all_coverage,
+)
 from media_usage_orchestration.store.queue import QueueReading, WorkQueue, read_work_queues
 
 OBSERVE_AT_LEAST_EVERY_SECONDS = 300
@@ -65,7 +72,8 @@ Observed = dict[str, tuple[str, str]]
     description="Observes each live collection's work queue (asset media_usage_queue/<slug>: "
     "due, backing off, leased, stuck, failed, lag, completed in the last 5 minutes, the newest "
     "failures with their retry config) and coverage (asset media_usage_coverage/<slug>) when "
-    "the numbers change and at least every 5 minutes, and keeps the checks queue_healthy and "
+    "their state changes (failed or stuck work, coverage status) and every 5 minutes while "
+    "their numbers move or work is due, and keeps the checks queue_healthy and "
     "coverage_complete equal to what it reads (evaluated whenever their verdict changes); "
     "launches no run.",
 )
@@ -99,7 +107,7 @@ def media_usage_queue_sensor(
                 coverage, read_at, automation.queue_stall_seconds
             )
         digest = health_digest(queue, completed[slug], coverage)
-        if not _observe_again(before.get(slug), digest, read_at):
+        if not _observe_again(before.get(slug), digest, read_at, bool(queue.due)):
             observed[slug] = before[slug]
             continue
         observations.append(queue_observation(queue, completed[slug]))
@@ -122,8 +130,8 @@ def _tick_summary(reading, observed: Observed, before: Observed, evaluations) ->
     parts = [
         f"observed {fresh} of {total} collection(s)"
         if fresh
-        else f"the {total} collection(s) are as last observed (each is observed again within "
-        f"{OBSERVE_AT_LEAST_EVERY_SECONDS} s)"
+        else f"the {total} collection(s) are in the state last observed (moving numbers are "
+        f"observed every {OBSERVE_AT_LEAST_EVERY_SECONDS} s)"
     ]
     if evaluations:
         changed = ", ".join(
@@ -137,23 +145,53 @@ def _tick_summary(reading, observed: Observed, before: Observed, evaluations) ->
     return "; ".join(parts)
 
 
-def _observe_again(before: tuple[str, str] | None, digest: str, read_at: str) -> bool:
-    if before is None or before[0] != digest:
+def _observe_again(
+    before: tuple[str, str] | None, digest: str, read_at: str, work_due: bool
+) -> bool:
+    """At once when the state changed; every 5 minutes while the numbers move or work is due
+    (the lag grows by itself); never while an idle collection stays as it was."""
+    if before is None:
         return True
+    state, _, numbers = digest.partition(":")
+    state_before, _, numbers_before = before[0].partition(":")
+    if state != state_before:
+        return True
+    if numbers == numbers_before and not work_due:
+        return False
     elapsed = seconds_between(before[1], read_at)
     return elapsed is None or elapsed >= OBSERVE_AT_LEAST_EVERY_SECONDS
 
 
 def health_digest(queue: WorkQueue, completed: int, coverage: CollectionCoverage | None) -> str:
-    """What the observations show but the lag (which grows by itself and is observed again at
-    the latest every 5 minutes), digested."""
+    """`<state>:<numbers>`: digests of what the observations show apart from the lag (which
+    grows by itself). The state is what a verdict turns on (failed and stuck work, the failures
+    themselves, the coverage status as its health sees it, its error); the numbers are the rest
+    (counts, the first due item, completions, the coverage counts)."""
     failures = [
         (item.content_id, item.last_error_code, item.attempt_count, item.updated_at)
         for item in queue.failed_items
     ]
-    shown = [queue.counts(), completed, queue.inexact, queue.first_due_at, failures]
+    state: list = [queue.failed, queue.stuck, queue.inexact, failures]
+    numbers: list = [queue.counts(), completed, queue.first_due_at]
     if coverage is not None:
-        shown.append({name: str(value) for name, value in coverage_metadata(coverage).items()})
+        metadata = {name: str(value) for name, value in coverage_metadata(coverage).items()}
+        state.append(
+            [
+                health_status(coverage.status, coverage.reconciliation_required),
+                coverage.reconciliation_state,
+                *(metadata.pop(name) for name in STATE_METADATA),
+            ]
+        )
+        numbers.append(metadata)
+    return f"{_digest(state)}:{_digest(numbers)}"
+
+
+# Coverage metadata that is state, not a moving number (the status goes in as its health
+# sees it instead).
+STATE_METADATA = ("coverage", "failed_work", "stuck_work", "error_code", "failed_work_codes")
+
+
+def _digest(shown: list) -> str:
     return hashlib.sha256(json.dumps(shown).encode()).hexdigest()[:16]
 
 

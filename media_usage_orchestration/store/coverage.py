@@ -95,9 +95,20 @@ def read_collection_coverage(engine: Engine, collection_id: str) -> CollectionCo
         return None if row is None else _coverage(connection, row)
 
 
+def health_status(status: str | None, reconciliation_required: bool | None) -> str | None:
+    """The status as the collection's health sees it: an edit's capture turns `complete` into
+    `stale` until its work is projected, which under steady edits is every few seconds, so a
+    `stale` row that needs no reconciliation counts as `complete` (complete but for the edits
+    still queued; the queue's own numbers and check show those)."""
+    if status == "stale" and not reconciliation_required:
+        return "complete"
+    return status
+
+
 def read_coverage_state(engine: Engine, collection_id: str) -> tuple[str | None, bool] | None:
-    """What the collection's health turns on, in one indexed read: its status row's status and
-    whether any of its work failed for good. None once it left the registry."""
+    """What the collection's health turns on, in one indexed read: its status row's status
+    (`health_status`) and whether any of its work failed for good. None once it left the
+    registry."""
     failed_work = (
         select(work.c.collection_id)
         .where(work.c.collection_id == collection_id, work.c.state == LeaseState.FAILED.value)
@@ -107,13 +118,20 @@ def read_coverage_state(engine: Engine, collection_id: str) -> tuple[str | None,
         is_content_collection_status(), index_status.c.scope_key == collections.c.slug
     )
     statement = (
-        select(index_status.c.status, failed_work.label("has_failed_work"))
+        select(
+            index_status.c.status,
+            index_status.c.reconciliation_required,
+            failed_work.label("has_failed_work"),
+        )
         .select_from(collections.outerjoin(index_status, status_row))
         .where(collections.c.id == collection_id)
     )
     with read_transaction(engine) as connection:
         row = connection.execute(statement).first()
-    return None if row is None else (row.status, bool(row.has_failed_work))
+    if row is None:
+        return None
+    status = health_status(row.status, bool(row.reconciliation_required))
+    return status, bool(row.has_failed_work)
 
 
 def _registry_with_status():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import URL, text
 from sqlalchemy.engine import Connection
@@ -36,6 +36,7 @@ class InstanceSample:
     # part -> (rows, bytes of row data): event_logs by run-bound/runless, job_ticks by status
     parts: dict[str, tuple[int, int]]
     event_types: dict[str, int]  # event_logs rows by dagster_event_type
+    tick_origins: dict[str, int] = field(default_factory=dict)  # job_ticks rows by origin id
 
     def table_bytes(self) -> int:
         return sum(table.bytes for table in self.tables.values())
@@ -53,6 +54,7 @@ EVENT_PARTS = text(
 EVENT_TYPES = text(
     "SELECT coalesce(dagster_event_type, 'log message'), count(*) FROM event_logs GROUP BY 1"
 )
+TICK_ORIGINS = text("SELECT job_origin_id, count(*) FROM job_ticks GROUP BY 1")
 TICK_PARTS = text(
     "SELECT type, status, count(*), coalesce(sum(pg_column_size(job_ticks.*)), 0) "
     "FROM job_ticks GROUP BY 1, 2"
@@ -78,8 +80,14 @@ def instance_tables(connection: Connection) -> InstanceSample:
         if "event_logs" in tables
         else {}
     )
+    origins = (
+        {origin: int(rows) for origin, rows in connection.execute(TICK_ORIGINS)}
+        if "job_ticks" in tables
+        else {}
+    )
     database = connection.execute(text("SELECT pg_database_size(current_database())"))
-    return InstanceSample(time.time(), int(database.scalar_one()), tables, parts, event_types)
+    size = int(database.scalar_one())
+    return InstanceSample(time.time(), size, tables, parts, event_types, origins)
 
 
 def instance_database_engine(variables: Mapping[str, str]) -> Engine:

@@ -160,6 +160,12 @@ class DeletionError(MediaUsageError, RuntimeError):
     code = "MEDIA_USAGE_COLLECTION_DELETION_FAILED"
 
 
+class StatementTimedOut(MediaUsageError, RuntimeError):
+    """A bounded read was cancelled at its time limit; it changed nothing."""
+
+    code = "MEDIA_USAGE_STATEMENT_TIMED_OUT"
+
+
 class FloorLeaseLost(MediaUsageError, RuntimeError):
     """The bench floor's coordinator row is no longer leased to it: nothing of its page is
     kept."""

@@ -658,6 +658,7 @@ def test_a_soak_sample_reads_every_instance_table_and_splits_events_and_ticks():
     assert run_rows > 5 and run_bytes > 0
     assert after.parts[RUNLESS_EVENTS][0] == 1
     assert after.parts["job_ticks:SENSOR:SKIPPED"][0] == 1
+    assert after.tick_origins == {"origin": 1}
     assert after.event_types["ASSET_OBSERVATION"] == 1
     assert after.database_bytes >= after.table_bytes() > 0
     assert growth_per_hour(before, after)["runs"]["rows"] > 0

@@ -8,7 +8,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from media_usage_orchestration.store.coverage import read_collection_coverage, read_coverage_state
+from media_usage_orchestration.store.coverage import (
+    health_status,
+    read_collection_coverage,
+    read_coverage_state,
+)
 from media_usage_orchestration.store.deletions import DeletionRepository
 from media_usage_orchestration.store.queue import (
     COUNT_LIMIT,
@@ -90,8 +94,9 @@ def test_the_counts_are_the_status_verbs_and_the_claims(db, collections):
 
 
 def test_the_coverage_state_a_work_run_records_on_is_the_coverage_rows(db, collections):
-    """`read_coverage_state`: the status row's status and whether work failed for good, as the
-    full coverage read reports them; None for a collection the registry no longer has."""
+    """`read_coverage_state`: the status row's status as health sees it and whether work failed
+    for good, as the full coverage read reports them; None for a collection the registry no
+    longer has."""
     alpha, beta = collections["alpha"], collections["beta"]
     insert_works(db.engine, _every_state(alpha), **of(alpha))
     insert_works(
@@ -102,11 +107,34 @@ def test_the_coverage_state_a_work_run_records_on_is_the_coverage_rows(db, colle
 
     for collection in (alpha, beta):
         coverage = read_collection_coverage(db.engine, collection.id)
-        expected = (coverage.status, coverage.failed_work > 0)
+        status = health_status(coverage.status, coverage.reconciliation_required)
+        expected = (status, coverage.failed_work > 0)
         assert read_coverage_state(db.engine, collection.id) == expected
     assert read_coverage_state(db.engine, alpha.id)[1] is True
     assert read_coverage_state(db.engine, beta.id)[1] is False
     assert read_coverage_state(db.engine, "no-such-collection") is None
+
+
+def test_a_status_stale_only_for_queued_edits_reads_as_complete(db, collections):
+    """An edit's capture turns `complete` into `stale` until its work is projected: health
+    reads that as complete; a stale status that needs a reconciliation stays stale."""
+    from sqlalchemy import update
+
+    from media_usage_orchestration.store.core import schema
+
+    alpha = collections["alpha"]
+    row = schema.index_status.c.collection_id == alpha.id
+    for required, expected in ((0, "complete"), (1, "stale")):
+        with db.engine.begin() as connection:
+            connection.execute(
+                update(schema.index_status)
+                .where(row)
+                .values(status="stale", reconciliation_required=required)
+            )
+        assert read_coverage_state(db.engine, alpha.id) == (expected, False)
+    assert health_status("complete", False) == "complete"
+    assert health_status("partial", False) == "partial"
+    assert health_status(None, None) is None
 
 
 def test_the_lag_is_the_age_of_the_first_due_item_in_database_time(db, collections):

@@ -73,7 +73,7 @@ SENSORS = {
 }
 SCHEDULES = {
     "media_usage_maintenance_schedule": ("media_usage_maintenance", "*/2 * * * *", "UTC"),
-    "media_usage_instance_pruning_schedule": ("media_usage_instance_pruning", "17 3 * * *", "UTC"),
+    "media_usage_instance_pruning_schedule": ("media_usage_instance_pruning", "17 * * * *", "UTC"),
 }
 RESOURCES = ["automation", "database", "io_manager"]
 PARTITIONS_DEF = "media_usage_collections"

@@ -18,6 +18,7 @@ from media_usage_orchestration.assets.coverage_history import (
 from media_usage_orchestration.assets.health import (
     CHECK_WORKFLOW,
     COVERAGE_CHECK,
+    COVERED,
     QUEUE_CHECK,
     WORK_JOB,
 )
@@ -117,6 +118,33 @@ def test_coverage_passes_while_a_reconciliation_progresses_and_fails_when_it_sto
     evaluation = tick(db, instance)[COVERAGE]
     assert not evaluation.passed
     assert "unchanged for more than 300 s" in evaluation.description
+
+
+def test_steady_edits_turning_complete_coverage_stale_record_no_new_evaluation(db, instance, alpha):
+    """Each edit's capture turns a complete status stale until its work is projected: the
+    check reads both as covered, so an edit and its projection add no evaluation; a stale
+    status that needs a reconciliation is another state."""
+    status = schema.index_status.c.scope_key == "alpha"
+    with db.engine.begin() as connection:
+        connection.execute(
+            update(schema.index_status)
+            .where(status)
+            .values(status="complete", reconciliation_required=0)
+        )
+    first = tick(db, instance)[COVERAGE]
+    assert first.passed and first.description == COVERED
+
+    with db.engine.begin() as connection:
+        connection.execute(update(schema.index_status).where(status).values(status="stale"))
+    assert COVERAGE not in tick(db, instance)
+    assert latest(instance, COVERAGE).description == COVERED
+
+    with db.engine.begin() as connection:
+        connection.execute(
+            update(schema.index_status).where(status).values(reconciliation_required=1)
+        )
+    again = tick(db, instance)[COVERAGE]
+    assert again.passed and "coverage stale" in again.description
 
 
 def test_failed_work_fails_both_checks_with_the_advice_to_fix_the_content(db, instance, alpha):

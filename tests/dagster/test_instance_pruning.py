@@ -1,13 +1,14 @@
 """Pruning the Dagster instance (`ops/instance_pruning.py`) on a real instance: the project's
 finished runs past their age go with their events; a run in flight, another project's run, a
 run holding an asset's or check's latest event, and a run of a backfill in progress stay; the
-daily schedule launches nothing while nothing is past its age. Ages are judged against a `now`
+hourly schedule launches nothing while nothing is past its age. Ages are judged against a `now`
 moved forward instead of backdated runs."""
 
 from __future__ import annotations
 
 import datetime
 import time
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -90,6 +91,33 @@ def test_old_finished_runs_go_with_their_events_and_the_rest_stays(instance):
         assert instance.get_run_by_id(run_id) is not None
     assert instance.all_logs(running)
     assert delete_runs(instance, doomed) == 0  # gone meanwhile: not counted twice
+
+
+def test_a_pruned_runs_captured_logs_go_with_it(tmp_path):
+    """The compute log manager's files (stdout and stderr captured per step, under
+    $DAGSTER_HOME/storage as a deployment keeps them) are deleted with the run; another run's
+    stay."""
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        _prune_with_captured_logs(instance)
+
+
+def _prune_with_captured_logs(instance: dg.DagsterInstance) -> None:
+    manager = instance.compute_log_manager
+    assert type(manager).__name__ == "LocalComputeLogManager"
+    done = _run(instance, dg.DagsterRunStatus.SUCCESS)
+    running = _run(instance, dg.DagsterRunStatus.STARTED)
+    paths = {}
+    for run_id in (done, running):
+        path = Path(manager.get_captured_local_path([run_id, "compute_logs", "step"], "out"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("captured", "utf-8")
+        paths[run_id] = path
+
+    doomed = prunable_runs(instance, PROJECT, PruningPolicy(), time.time() + 20 * DAY)
+    assert delete_runs(instance, doomed) == 1
+
+    assert not paths[done].exists()
+    assert paths[running].read_text("utf-8") == "captured"
 
 
 def test_at_most_the_policys_limit_is_pruned_per_run_oldest_first(instance):

@@ -144,3 +144,28 @@ def test_the_media_library_summary_is_recorded_only_under_complete_coverage(acti
         [observed] = [plain(r.asset_observation.metadata) for r in records.records]
         assert observed["incomplete"] == "posts" and "unused" not in observed
     assert count(engine, schema.occurrences) == 2
+
+
+def test_a_summary_past_its_time_limit_is_observed_as_not_counted_and_the_run_succeeds(
+    activated, monkeypatch
+):
+    """The summary is one bounded read: cancelled at its limit it holds nothing up, the GC
+    run succeeds and the asset says why the library was not counted."""
+    from media_usage_orchestration.store.core.engine import StatementTimedOut
+    from media_usage_orchestration.store.sources.usage import UsageRepository
+
+    def too_slow(*_args, **_kwargs):
+        raise StatementTimedOut("a read took longer than 60 s and was cancelled")
+
+    engine = activated.engine
+    create_media_table(engine)
+    monkeypatch.setattr(UsageRepository, "media_summary", too_slow)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = media_usage_projection_gc.execute_in_process(
+            instance=instance, resources={"database": resources(activated)["database"]}
+        )
+        assert result.success
+        assert _materializations(instance, MEDIA_USAGE_MEDIA_LIBRARY) == []
+        [record] = instance.fetch_observations(MEDIA_USAGE_MEDIA_LIBRARY, limit=10).records
+        observed = plain(record.asset_observation.metadata)
+        assert observed == {"not_counted": "a read took longer than 60 s and was cancelled"}

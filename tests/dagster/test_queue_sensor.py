@@ -1,6 +1,6 @@
 """The queue sensor: each live collection's queue asset observed and its check `queue_healthy`
-evaluated by the tick itself (no run), again only when the numbers change or the last
-observation is 5 minutes old; the failed items' table carries the Launchpad config that
+evaluated by the tick itself (no run), again at once when its state changes and every 5
+minutes while its numbers move or work is due; the failed items' table carries the Launchpad config that
 retries each; the code location declares a queue asset and its check per collection."""
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def test_unchanged_numbers_are_not_observed_again_and_the_tick_skips(db, instanc
     second = tick(db, instance, first.cursor)
 
     assert second.asset_events == []
-    assert "as last observed" in second.skip_message
+    assert "in the state last observed" in second.skip_message
     assert second.cursor == first.cursor
     assert len(instance.fetch_observations(queue_key("alpha"), limit=5).records) == 1
 
@@ -186,16 +186,41 @@ def test_a_change_is_observed_for_its_collection_alone(db, instance, alpha):
     assert second.cursor != first.cursor
 
 
-def test_every_queue_is_observed_again_once_its_last_observation_is_old(db, instance, alpha):
+def test_a_queue_with_due_work_is_observed_again_once_its_last_observation_is_old(
+    db, instance, alpha
+):
+    """alpha has due work (its lag grows by itself); beta is idle and unchanged: only alpha is
+    observed again, both observations backdated past the interval (database time)."""
     first = tick(db, instance)
     stored = json.loads(first.cursor)
-    # The observation of alpha backdated past the interval (database time), beta's kept.
-    stored["alpha"][1] = db_now(db.engine, -OBSERVE_AT_LEAST_EVERY_SECONDS - 1)
+    for slug in ("alpha", "beta"):
+        stored[slug][1] = db_now(db.engine, -OBSERVE_AT_LEAST_EVERY_SECONDS - 1)
 
     second = tick(db, instance, json.dumps(stored))
 
     assert sorted(observations(second)) == ["alpha"]
     assert json.loads(second.cursor)["alpha"][0] == stored["alpha"][0]  # same numbers
+    assert json.loads(second.cursor)["beta"] == stored["beta"]
+
+
+def test_moving_numbers_wait_for_the_interval_and_a_state_change_does_not(db, instance, alpha):
+    """Steady edits move the counts at every tick: observed every 5 minutes, not at every
+    tick; a failure that appears is observed at once."""
+    first = tick(db, instance)
+    insert_works(db.engine, [{"content_id": "another", "next_attempt_at": ago(1)}], **of(alpha))
+
+    second = tick(db, instance, first.cursor)
+    assert observations(second) == {}
+    assert json.loads(second.cursor)["alpha"] == json.loads(first.cursor)["alpha"]
+
+    stored = json.loads(second.cursor)
+    stored["alpha"][1] = db_now(db.engine, -OBSERVE_AT_LEAST_EVERY_SECONDS - 1)
+    third = tick(db, instance, json.dumps(stored))
+    assert observations(third)["alpha"]["due"] == 3
+
+    insert_works(db.engine, [{"content_id": "new-failure", **failed(CODE)}], **of(alpha))
+    fourth = tick(db, instance, third.cursor)
+    assert observations(fourth)["alpha"]["failed"] == 2
 
 
 def test_a_cursor_the_sensor_did_not_write_observes_everything(db, instance, alpha):

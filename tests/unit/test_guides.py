@@ -155,8 +155,17 @@ def test_the_tick_history_the_guide_states_is_the_files():
 def test_the_pruning_ages_the_guides_state_are_the_jobs_defaults():
     fields = PruneInstanceConfig.model_fields
     success, failure = fields["success_days"].default, fields["failure_days"].default
-    assert f"past {success:g}\n  days (SUCCESS, CANCELED) or {failure:g} days (FAILURE)" in GUIDE
+    most = fields["max_runs"].default
+    guide = " ".join(GUIDE.split())
+    assert f"at most {most:,} runs a run): finished runs of the project past {success:g}" in guide
+    assert f"days (SUCCESS, CANCELED) or {failure:g} days (FAILURE)" in guide
     assert f"`success_days` {success:g}, `failure_days` {failure:g}" in README
+
+
+def test_the_work_budget_the_guides_state_is_the_automations_default():
+    budget = MediaUsageAutomation.model_fields["work_seconds_per_run"].default
+    assert f"(`work_seconds_per_run`, default {budget:g} s)" in " ".join(GUIDE.split())
+    assert f"(`work_seconds_per_run`, default {budget:g} s)" in " ".join(README.split())
 
 
 def test_the_handover_lead_the_readme_states_is_the_sensors():

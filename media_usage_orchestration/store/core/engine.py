@@ -36,7 +36,7 @@ from sqlalchemy.exc import (
     TimeoutError,
 )
 
-from media_usage_orchestration.values.errors import DatabaseFileError
+from media_usage_orchestration.values.errors import DatabaseFileError, StatementTimedOut
 from media_usage_orchestration.values.json_text import parse_json
 
 DEFAULT_SQLITE_PATH = Path(".media_usage") / "media_usage.db"
@@ -291,6 +291,57 @@ def read_transaction(engine: Engine) -> Iterator[Connection]:
         yield connection
 
 
+# PostgreSQL's SQLSTATE for a statement cancelled by statement_timeout.
+_QUERY_CANCELED = "57014"
+# SQLite asks the progress handler every this many virtual machine instructions.
+_SQLITE_PROGRESS_STEPS = 10_000
+
+
+@contextlib.contextmanager
+def bounded_read(engine: Engine, seconds: float) -> Iterator[Connection]:
+    """A read transaction whose statements are cancelled once `seconds` have passed
+    (StatementTimedOut): PostgreSQL's `statement_timeout` for this transaction alone (SET
+    LOCAL), SQLite's progress handler against a deadline from the transaction's start. For a
+    report that may be slow on some database (a large library, tables without planner
+    statistics) and must not hold up what comes after it."""
+    with engine.connect() as connection, connection.begin():
+        driver = connection.connection.driver_connection
+        if is_postgres(connection):
+            milliseconds = max(1, round(seconds * 1000))
+            connection.exec_driver_sql(f"SET LOCAL statement_timeout = {milliseconds}")
+        else:
+            deadline = time.monotonic() + seconds
+            driver.set_progress_handler(
+                lambda: int(time.monotonic() > deadline), _SQLITE_PROGRESS_STEPS
+            )
+        try:
+            yield connection
+        except OperationalError as error:
+            if not _cancelled(error):
+                raise
+            raise StatementTimedOut(
+                f"a read took longer than {seconds:g} s and was cancelled"
+            ) from error
+        finally:
+            if not is_postgres(connection):
+                driver.set_progress_handler(None, 0)
+
+
+def prefer_linear_plans(connection: Connection) -> None:
+    """For the rest of this transaction, PostgreSQL plans joins as hash or merge joins only:
+    linear in the tables whatever the planner's statistics say (none after a bulk load, or
+    taken while the tables were small, when a nested loop over a full scan looks cheap and
+    takes hours). For reports that read whole tables; SQLite's planner needs no such hint."""
+    if is_postgres(connection):
+        connection.exec_driver_sql("SET LOCAL enable_nestloop = off")
+
+
+def _cancelled(error: OperationalError) -> bool:
+    if getattr(error.orig, "sqlstate", None) == _QUERY_CANCELED:
+        return True
+    return isinstance(error.orig, sqlite3.OperationalError) and "interrupted" in str(error.orig)
+
+
 @contextlib.contextmanager
 def single_statement(engine: Engine) -> Iterator[Connection]:
     """For a write that is exactly one statement, atomic by itself with its guard in its own
@@ -397,6 +448,8 @@ __all__ = [
     "DBAPIError",
     "Engine",
     "SQLAlchemyError",
+    "StatementTimedOut",
+    "bounded_read",
     "compact_json",
     "create_database_engine",
     "default_database_url",
@@ -405,6 +458,7 @@ __all__ = [
     "is_transient_database_error",
     "make_url",
     "normalize_url",
+    "prefer_linear_plans",
     "read_transaction",
     "redacted_url",
     "single_statement",

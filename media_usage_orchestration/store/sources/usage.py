@@ -33,7 +33,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from media_usage_orchestration.store.core.engine import read_transaction
+from media_usage_orchestration.store.core.engine import (
+    bounded_read,
+    prefer_linear_plans,
+    read_transaction,
+)
 from media_usage_orchestration.store.core.predicates import activation_is_active
 from media_usage_orchestration.store.core.schema import (
     COLLECTION_SCOPE,
@@ -47,6 +51,9 @@ from media_usage_orchestration.store.core.schema import (
 from media_usage_orchestration.values.records import optional, record_from_row
 
 VARIANTS = ("columns", "draft_overlay")
+# The media library summary's time limit: it takes well under a second on a library of 100,000
+# rows; past this it is cancelled rather than hold up the run it ends (the projection GC's).
+SUMMARY_SECONDS = 60.0
 
 # EmDash core's media library (migration 001 and later), read only: the project never writes it
 # (the EmDash double's uploads do, in the demo and the tests).
@@ -344,18 +351,12 @@ class UsageRepository:
             ]
         return rows[:limit], len(rows) > limit
 
-    def media_summary(self) -> MediaSummary:
-        """How many media rows exist, how many are used, and the bytes of the unused ones."""
-        used = _is_used(media_library.c.id)
-        statement = select(
-            func.count().label("media"),
-            func.count().filter(used).label("used"),
-            func.coalesce(func.sum(media_library.c.size).filter(~used), 0).label(
-                "reclaimable_bytes"
-            ),
-        ).select_from(media_library)
-        with read_transaction(self.engine) as connection:
-            row = connection.execute(statement).one()
+    def media_summary(self, seconds: float = SUMMARY_SECONDS) -> MediaSummary:
+        """How many media rows exist, how many are used, and the bytes of the unused ones;
+        StatementTimedOut after `seconds`, having changed nothing."""
+        with bounded_read(self.engine, seconds) as connection:
+            prefer_linear_plans(connection)
+            row = connection.execute(MEDIA_SUMMARY).one()
         return record_from_row(
             MediaSummary, row._mapping, media=int, used=int, reclaimable_bytes=int
         )
@@ -370,6 +371,23 @@ class MediaSummary:
     @property
     def unused(self) -> int:
         return self.media - self.used
+
+
+def _media_summary() -> Select:
+    """One pass over the media rows against the distinct media ids current occurrences use
+    (an uncorrelated set, joined once), not a lookup per media row."""
+    _, joined, where = _current_occurrences()
+    used = select(occurrences.c.media_id).select_from(joined).where(where).distinct()
+    used = used.subquery("used")
+    unused = used.c.media_id.is_(None)
+    return select(
+        func.count().label("media"),
+        func.count(used.c.media_id).label("used"),
+        func.coalesce(func.sum(media_library.c.size).filter(unused), 0).label("reclaimable_bytes"),
+    ).select_from(media_library.outerjoin(used, used.c.media_id == media_library.c.id))
+
+
+MEDIA_SUMMARY = _media_summary()
 
 
 def _media_items() -> Select:
