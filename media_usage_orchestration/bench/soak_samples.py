@@ -87,17 +87,63 @@ def part_growth_bytes_per_hour(first: InstanceSample, last: InstanceSample) -> d
     return parts
 
 
+# How the instance's growth is kept, by kind (`growth_kind`).
+PRUNED_WITH_RUNS = "pruned with their runs (14 days)"
+TICK_HISTORY = "tick history (purged after 1-30 days)"
+UPDATE_CHURN = "update churn (rows rewritten in place, reclaimed by autovacuum)"
+KEPT_FOR_GOOD = "kept for good (runless events, check executions)"
+
+
+def growth_kind(part: str, first: InstanceSample, last: InstanceSample) -> str:
+    """What keeps a part's growth: pruning, tick retention, autovacuum (a table whose bytes
+    grow while its rows do not: the sensors' and schedules' state rows, rewritten at every tick,
+    leave dead versions that vacuum reuses), or nothing."""
+    if part.startswith("job_ticks:"):
+        return TICK_HISTORY
+    if kept_days(part) is not None:
+        return PRUNED_WITH_RUNS
+    table = last.tables.get(part)
+    before = first.tables.get(part)
+    if table is not None and before is not None and table.rows <= before.rows:
+        return UPDATE_CHURN
+    return KEPT_FOR_GOOD
+
+
+def growth_by_kind(first: InstanceSample, last: InstanceSample) -> dict[str, float]:
+    """MB per hour by `growth_kind`."""
+    kinds = dict.fromkeys((PRUNED_WITH_RUNS, TICK_HISTORY, UPDATE_CHURN, KEPT_FOR_GOOD), 0.0)
+    for part, rate in part_growth_bytes_per_hour(first, last).items():
+        kinds[growth_kind(part, first, last)] += rate / 1e6
+    return {kind: round(rate, 3) for kind, rate in kinds.items()}
+
+
+def accumulating_mb_per_hour(first: InstanceSample, last: InstanceSample) -> float:
+    """The growth that stays past a day before pruning: all but the update churn and the
+    skipped ticks' (purged after a day)."""
+    parts = part_growth_bytes_per_hour(first, last)
+    staying = sum(
+        rate
+        for part, rate in parts.items()
+        if growth_kind(part, first, last) in (PRUNED_WITH_RUNS, KEPT_FOR_GOOD)
+        or (part.startswith("job_ticks:") and (kept_days(part) or 0) > 1)
+    )
+    return round(staying / 1e6, 3)
+
+
 def thirty_day_projection(
     first: InstanceSample, last: InstanceSample, days: float = PROJECTION_DAYS
 ) -> dict[str, float]:
     """The instance's size after `days` at the measured rates: its size at the start plus each
     part's growth per hour times the hours it is kept (at most `days`). PostgreSQL reuses the
     space of deleted rows (autovacuum), so a pruned part stops growing once its age is reached:
-    a steady state."""
+    a steady state; update churn is reused as it goes and adds nothing."""
     hours = days * HOURS_PER_DAY
     kept_bytes = 0.0
     pruned_bytes = 0.0
     for part, rate in part_growth_bytes_per_hour(first, last).items():
+        kind = growth_kind(part, first, last)
+        if kind == UPDATE_CHURN:
+            continue
         keep = kept_days(part)
         if keep is None:
             kept_bytes += max(0.0, rate) * hours
@@ -181,7 +227,9 @@ __all__ = [
     "RUN_EVENTS",
     "InstanceSample",
     "TableSample",
+    "accumulating_mb_per_hour",
     "directory_bytes",
+    "growth_by_kind",
     "growth_per_hour",
     "kept_days",
     "part_growth_bytes_per_hour",

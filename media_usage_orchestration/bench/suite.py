@@ -419,7 +419,11 @@ def _soak_findings(add, soak: dict | None) -> None:
     lines = (
         ("latency p95 s", latency["p95"], "p95_seconds"),
         ("latency max s", latency["max"], "max_seconds"),
-        ("instance MB/h", soak["instance_mb_per_hour"], "instance_mb_per_hour"),
+        (
+            "instance MB/h staying past a day",
+            soak["accumulating_mb_per_hour"],
+            "instance_mb_per_hour",
+        ),
         (
             "event_logs rows/h",
             soak["rows_per_hour"].get("event_logs", 0),

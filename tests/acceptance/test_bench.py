@@ -562,7 +562,7 @@ def test_the_suite_plans_a_short_soak_last_and_judges_each_of_its_targets():
         "edits": 600,
         "projected": 600,
         "latency_seconds": {"p50": 0.3, "p95": 0.6, "max": 12.0},
-        "instance_mb_per_hour": 1.5,
+        "accumulating_mb_per_hour": 1.5,
         "rows_per_hour": {"event_logs": 1800},
         "alerts": 0,
         "failed_runs": 0,
@@ -575,7 +575,7 @@ def test_the_suite_plans_a_short_soak_last_and_judges_each_of_its_targets():
     assert {what: (value, met) for what, value, _, met in judged} == {
         "soak 5 min: latency p95 s": (0.6, True),
         "soak 5 min: latency max s": (12.0, False),
-        "soak 5 min: instance MB/h": (1.5, True),
+        "soak 5 min: instance MB/h staying past a day": (1.5, True),
         "soak 5 min: event_logs rows/h": (1800, False),
         "soak 5 min: alerts posted": (0, True),
         "soak 5 min: failed runs": (0, True),

@@ -112,3 +112,44 @@ def test_directory_bytes_sums_the_files_below(tmp_path):
     (tmp_path / "err").write_bytes(b"y" * 24)
 
     assert directory_bytes(tmp_path) == 1024
+
+
+def test_growth_is_told_apart_by_what_keeps_it():
+    """Run-bound rows go with their runs, ticks with tick retention, a table whose bytes grow
+    while its rows do not is update churn (reused by vacuum: no part of the projection), the
+    rest stays for good; what stays past a day leaves out the churn and skipped ticks."""
+    from media_usage_orchestration.bench.soak_samples import (
+        KEPT_FOR_GOOD,
+        PRUNED_WITH_RUNS,
+        TICK_HISTORY,
+        UPDATE_CHURN,
+        accumulating_mb_per_hour,
+        growth_by_kind,
+    )
+
+    tables = {"runs": (0, 0), "instigators": (MB, 10), "asset_check_executions": (0, 0)}
+    first = sample(0.0, {**tables, "job_ticks": (0, 0)}, database=10 * MB)
+    last = sample(
+        3600.0,
+        {
+            "runs": (MB, 10),
+            "instigators": (3 * MB, 10),
+            "asset_check_executions": (MB, 40),
+            "job_ticks": (3 * MB, 300),
+        },
+        {"job_ticks:SENSOR:SKIPPED": (290, 2 * MB), "job_ticks:SENSOR:SUCCESS": (10, MB)},
+        database=18 * MB,
+    )
+
+    assert growth_by_kind(first, last) == {
+        PRUNED_WITH_RUNS: 1.0,
+        TICK_HISTORY: 3.0,
+        UPDATE_CHURN: 2.0,
+        KEPT_FOR_GOOD: 1.0,
+    }
+    # runs 1 + check executions 1 + success ticks 1 (kept 14 days)
+    assert accumulating_mb_per_hour(first, last) == 3.0
+    projection = thirty_day_projection(first, last)
+    assert projection["kept_for_good_mb"] == 24 * 30
+    # runs and success ticks for 14 days, skipped ticks for one; churn adds nothing
+    assert projection["pruned_parts_mb"] == 24 * 14 * 2 + 2 * 24
