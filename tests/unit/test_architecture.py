@@ -178,6 +178,13 @@ def test_the_store_imports_only_the_store_and_the_values_leaf():
     assert _imports_outside("store", ("store", "values")) == {}
 
 
+def test_processing_imports_no_wiring():
+    """processing/ (the loops, steps and reports) imports only itself and the layers below it:
+    never ops/, sensors/, assets/, resources/, schedules, jobs, definitions or the local lanes.
+    With media/ and store/ held to their own floors above, this holds transitively."""
+    assert _imports_outside("processing", ("processing", "media", "store", "values")) == {}
+
+
 def test_the_stores_core_room_is_its_floor():
     """core/ (engine, clock, schema, triggers, guard vocabulary) imports no other room and no
     repository, so every repository and the sources room can build on it."""
