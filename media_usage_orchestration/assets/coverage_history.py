@@ -3,9 +3,10 @@ collection, so each collection's numbers plot over time on their own asset's Plo
 its checks `coverage_complete` (`health.py`) and `index_matches_content` (`index_drift.py`).
 
 No run writes it: the queue sensor observes it when the collection's state changes and every 5
-minutes while its numbers move or work is due, and evaluates `coverage_complete`; the scrubber sensor evaluates
-`index_matches_content`. Never materialized, its checks' latest evaluations are what the UI
-shows (a materialization newer than an evaluation would show the check as "not evaluated").
+minutes while its numbers move or work is due, and evaluates `coverage_complete`; the scrubber
+sensor evaluates `index_matches_content`. Never materialized, its checks' latest evaluations
+are what the UI shows (a materialization newer than an evaluation would show the check as
+"not evaluated").
 
 Dagster 1.13 plots a partitioned asset's metadata per partition (latest value each) or over
 time on one line across all partitions; it plots an asset's history only for keys that are in
@@ -61,9 +62,10 @@ def coverage_history_specs(slugs: Sequence[str]) -> list[dg.AssetSpec]:
             kinds={"sql"},
             description=f"Coverage of the collection {slug!r} over time, observed by the sensor "
             "media_usage_queue_sensor when its state changes and every 5 minutes while its "
-            "numbers move or work is due (no run): its Plots show entries, sources, occurrences, pending_work, failed_work and "
-            "stuck_work over time. Its check coverage_complete says whether the index can be "
-            "trusted; index_matches_content what the scrubber found.",
+            "numbers move or work is due (no run): its Plots show entries, sources, occurrences, "
+            "pending_work, failed_work and stuck_work over time. Its check coverage_complete "
+            "says whether the index can be trusted; index_matches_content what the scrubber "
+            "found.",
         )
         for slug in slugs
     ]

@@ -64,10 +64,11 @@ def queue_specs(slugs: Sequence[str]) -> list[dg.AssetSpec]:
             kinds={"sql"},
             description=f"The work queue of the collection {slug!r}, observed by the sensor "
             "media_usage_queue_sensor when its state changes and every 5 minutes while its "
-            "numbers move or work is due (no run): due, backing_off, leased, stuck and failed items, lag_seconds (how long "
-            "the first due item has waited, database time) and completed_last_5_minutes; the "
-            "newest failed items with the Launchpad config that retries each. Counts stop at "
-            f"{COUNT_LIMIT:,} rows of a state (inexact_counts names them).",
+            "numbers move or work is due (no run): due, backing_off, leased, stuck and failed "
+            "items, lag_seconds (how long the first due item has waited, database time) and "
+            "completed_last_5_minutes; the newest failed items with the Launchpad config that "
+            f"retries each. Counts stop at {COUNT_LIMIT:,} rows of a state (inexact_counts "
+            "names them).",
         )
         for slug in slugs
     ]

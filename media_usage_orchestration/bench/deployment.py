@@ -316,6 +316,57 @@ class ProductionSetup:
         return _launched_run_id(data["launchPipelineReexecution"])
 
 
+# --- when a run moved --------------------------------------------------------------------------
+
+MOMENT_EVENTS = {
+    dg.DagsterEventType.RUN_ENQUEUED,
+    dg.DagsterEventType.RUN_STARTING,
+    dg.DagsterEventType.RUN_START,
+}
+
+
+@dataclass(frozen=True)
+class RunMoments:
+    """When a run was queued, dequeued (handed to the launcher), and its worker started."""
+
+    run_id: str
+    job_name: str
+    queued: float | None
+    launched: float | None
+    started: float | None
+
+    @property
+    def queue_wait(self) -> float | None:
+        if self.queued is None or self.launched is None:
+            return None
+        return self.launched - self.queued
+
+    @property
+    def process_start(self) -> float | None:
+        if self.launched is None or self.started is None:
+            return None
+        return self.started - self.launched
+
+
+def run_moments(instance: dg.DagsterInstance, run_id: str) -> RunMoments:
+    """The first event of each moment in the run's event log (only those events are read)."""
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        raise ValueError(f"no run {run_id} in the instance")
+    first: dict[dg.DagsterEventType, float] = {}
+    for record in instance.get_records_for_run(run_id, of_type=MOMENT_EVENTS).records:
+        kind = record.event_log_entry.dagster_event_type
+        if kind is not None:
+            first.setdefault(kind, record.timestamp)
+    return RunMoments(
+        run_id,
+        run.job_name,
+        first.get(dg.DagsterEventType.RUN_ENQUEUED),
+        first.get(dg.DagsterEventType.RUN_STARTING),
+        first.get(dg.DagsterEventType.RUN_START),
+    )
+
+
 def _launched_run_id(result: dict) -> str:
     if result.get("__typename") != "LaunchRunSuccess":
         raise RuntimeError(f"launch refused: {result}")
@@ -462,7 +513,9 @@ def _environment(variables: Mapping[str, str]) -> Iterator[None]:
 
 __all__ = [
     "ProductionSetup",
+    "RunMoments",
     "free_port",
     "instance_environment",
     "production_setup",
+    "run_moments",
 ]

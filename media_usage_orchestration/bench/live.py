@@ -166,6 +166,14 @@ class ProjectionWatch:
         while not self.stopped.wait(WATCH_SECONDS):
             self.look()
 
+    def wait_projected(self, grace: float = PROJECTION_GRACE_SECONDS) -> None:
+        """Until every expected edit is projected or `grace` seconds have passed; then one
+        last look."""
+        deadline = time.monotonic() + grace
+        while self.unprojected() and time.monotonic() < deadline:
+            time.sleep(WATCH_SECONDS)
+        self.look()
+
     def look(self) -> None:
         with self.lock:
             pending = list(self.pending.values())
@@ -296,7 +304,7 @@ def first_runs(edits: Sequence[Edit], runs: Sequence[LiveRun]) -> dict[str, floa
         phases["worker_start"].append(moments["running"] - moments["launched"])
         phases["op_start"].append(moments["op"] - moments["running"])
     return {
-        name: _rounded(statistics.median(values)) if values else None
+        name: rounded(statistics.median(values)) if values else None
         for name, values in phases.items()
     }
 
@@ -309,7 +317,7 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def _rounded(value: float | None, digits: int = 3) -> float | None:
+def rounded(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
@@ -363,10 +371,7 @@ def _measure(
         load_window = Window(load_window_start, time.time())
         idle = Window(load_window.end, load_window.end + load.idle_seconds)
         time.sleep(max(0.0, idle.end - time.time()))
-        deadline = time.monotonic() + PROJECTION_GRACE_SECONDS
-        while watch.unprojected() and time.monotonic() < deadline:
-            time.sleep(WATCH_SECONDS)
-        watch.look()
+        watch.wait_projected()
     finally:
         watch.stopped.set()
         watcher.join()
@@ -406,10 +411,10 @@ def live_record(
         "edits_per_second": round((len(edits) - 1) / (load_window.end - load_window.start), 2),
         "projected": len(latencies),
         "latency_seconds": {
-            "p50": _rounded(percentile(latencies, 0.50)),
-            "p95": _rounded(percentile(latencies, 0.95)),
-            "max": _rounded(max(latencies, default=None)),
-            "first": _rounded(latencies[0] if latencies else None),
+            "p50": rounded(percentile(latencies, 0.50)),
+            "p95": rounded(percentile(latencies, 0.95)),
+            "max": rounded(max(latencies, default=None)),
+            "first": rounded(latencies[0] if latencies else None),
         },
         "latency_resolution": "database timestamps (ms): commit updated_at, source indexed_at",
         "runs_during_load": len(during),
@@ -418,15 +423,15 @@ def live_record(
         "runs_by_job": dict(Counter(run.job_name for run in during)),
         "runs_in_flight_at_end": sum(run.in_flight for run in runs),
         "work_run_start_seconds": {
-            "median": _rounded(statistics.median(work_starts) if work_starts else None),
-            "max": _rounded(max(work_starts, default=None)),
+            "median": rounded(statistics.median(work_starts) if work_starts else None),
+            "max": rounded(max(work_starts, default=None)),
         },
         "first_run_seconds": first_runs(edits, runs),
         "work_run_events": {
             "median": statistics.median(work_events) if work_events else None,
             "max": max(work_events, default=None),
         },
-        "work_sensor_tick_interval_seconds": _rounded(
+        "work_sensor_tick_interval_seconds": rounded(
             _median_gap([tick.timestamp for tick in ticks])
         ),
         "load_average": [round(each, 2) for each in os.getloadavg()],
@@ -465,4 +470,4 @@ def print_live(record: dict) -> None:
     )
 
 
-__all__ = ["LiveLoad", "percentile", "print_live", "run_live"]
+__all__ = ["LiveLoad", "percentile", "print_live", "rounded", "run_live"]

@@ -30,7 +30,11 @@ import dagster as dg
 from dagster._core.scheduler.instigation import TickStatus
 
 from media_usage_orchestration.bench.database import console, index_is_verified
-from media_usage_orchestration.bench.deployment import ProductionSetup, production_setup
+from media_usage_orchestration.bench.deployment import (
+    ProductionSetup,
+    production_setup,
+    run_moments,
+)
 from media_usage_orchestration.bench.live import (
     LiveLoad,
     ProjectionWatch,
@@ -38,14 +42,17 @@ from media_usage_orchestration.bench.live import (
     epoch_seconds,
     percentile,
     prepare_content,
+    rounded,
     write_edits,
 )
 from media_usage_orchestration.bench.measure import peak_rss_mb
 from media_usage_orchestration.bench.soak_samples import (
     accumulating_mb_per_hour,
+    database_mb_per_hour,
     directory_bytes,
     growth_by_kind,
     growth_per_hour,
+    hours_between,
     process_rss,
     rss_growth,
     thirty_day_projection,
@@ -62,7 +69,6 @@ from media_usage_orchestration.store.dagster_instance import (
     instance_tables,
 )
 
-PROJECTION_GRACE_SECONDS = 120.0
 RSS_JUDGED_MINUTES = 30.0
 LONG_LIVED = ("code_server", "daemon", "webserver")
 TARGETS = {
@@ -75,7 +81,6 @@ TARGETS = {
     "failed_runs": 0,
     "failure_ticks": 0,
 }
-QUEUE_EVENTS = {dg.DagsterEventType.RUN_ENQUEUED, dg.DagsterEventType.RUN_STARTING}
 
 
 @dataclass(frozen=True)
@@ -180,7 +185,7 @@ def _soak(engine: Engine, load: SoakLoad, collections, soak: Soak) -> dict:
             windows.append(window_record(soak, len(soak.samples) - 2))
             print_window(windows[-1])
         writer.join()
-        _wait_projected(soak.watch)
+        soak.watch.wait_projected()
     finally:
         soak.watch.stopped.set()
         watcher.join()
@@ -203,13 +208,6 @@ def _wait_for_work_sensor(setup: ProductionSetup) -> None:
     setup.wait_for(ticked, "the work sensor's first tick")
 
 
-def _wait_projected(watch: ProjectionWatch) -> None:
-    deadline = time.monotonic() + PROJECTION_GRACE_SECONDS
-    while watch.unprojected() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    watch.look()
-
-
 # --- a window -----------------------------------------------------------------------------------
 
 
@@ -222,15 +220,12 @@ def window_record(soak: Soak, index: int) -> dict:
     )
     growth = growth_per_hour(first, last)
     latencies = _latencies(soak.watch, first.at, last.at)
-    waits = [
-        wait for wait in (_queue_wait(instance, record) for record in runs) if wait is not None
-    ]
+    moments = (run_moments(instance, record.dagster_run.run_id) for record in runs)
+    waits = [each.queue_wait for each in moments if each.queue_wait is not None]
     return {
         "minute": round((last.at - soak.samples[0][0].at) / 60.0, 1),
         "instance_mb": round(last.database_bytes / 1e6, 2),
-        "instance_mb_per_hour": round(
-            (last.database_bytes - first.database_bytes) / 1e6 / ((last.at - first.at) / 3600), 2
-        ),
+        "instance_mb_per_hour": round(database_mb_per_hour(first, last), 2),
         "tables": {
             name: {
                 "mb": round(table.bytes / 1e6, 3),
@@ -242,15 +237,11 @@ def window_record(soak: Soak, index: int) -> dict:
         },
         "rss_mb": last_rss,
         "edits": len(latencies),
-        "latency_seconds": _latency_summary(latencies),
+        "latency_seconds": _spread(latencies),
         "runs": dict(
             Counter(f"{r.dagster_run.job_name} {r.dagster_run.status.value}" for r in runs)
         ),
-        "queue_wait_seconds": {
-            "p50": _rounded(percentile(waits, 0.5)),
-            "p95": _rounded(percentile(waits, 0.95)),
-            "max": _rounded(max(waits, default=None)),
-        },
+        "queue_wait_seconds": _spread(waits),
         "alerts": soak.alerts.posts_between(first.at, last.at),
         "failure_ticks": _failure_ticks(instance, first.at, last.at),
     }
@@ -262,21 +253,12 @@ def _latencies(watch: ProjectionWatch, start: float, end: float) -> list[float]:
     return watch.latencies(edits)
 
 
-def _latency_summary(latencies: Sequence[float]) -> dict:
+def _spread(seconds: Sequence[float]) -> dict:
     return {
-        "p50": _rounded(percentile(latencies, 0.5)),
-        "p95": _rounded(percentile(latencies, 0.95)),
-        "max": _rounded(max(latencies, default=None)),
+        "p50": rounded(percentile(seconds, 0.5)),
+        "p95": rounded(percentile(seconds, 0.95)),
+        "max": rounded(max(seconds, default=None)),
     }
-
-
-def _queue_wait(instance: dg.DagsterInstance, record: dg.RunRecord) -> float | None:
-    """Seconds from a run's enqueueing to its dequeueing (None if it has not left the queue)."""
-    events = instance.get_records_for_run(record.dagster_run.run_id, of_type=QUEUE_EVENTS).records
-    moments = {event.event_log_entry.dagster_event_type: event.timestamp for event in events}
-    queued = moments.get(dg.DagsterEventType.RUN_ENQUEUED)
-    started = moments.get(dg.DagsterEventType.RUN_STARTING)
-    return None if queued is None or started is None else started - queued
 
 
 def _failure_ticks(instance: dg.DagsterInstance, start: float, end: float) -> int:
@@ -298,10 +280,6 @@ def _utc(moment: float) -> datetime:
     return datetime.fromtimestamp(moment, UTC)
 
 
-def _rounded(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
 # --- the whole soak -------------------------------------------------------------------------------
 
 
@@ -309,7 +287,7 @@ def soak_record(engine: Engine, load: SoakLoad, soak: Soak, windows: list[dict])
     (first, _), (last, _) = soak.samples[0], soak.samples[-1]
     latencies = soak.watch.latencies(soak.watch.expected)
     growth = growth_per_hour(first, last)
-    hours = (last.at - first.at) / 3600.0
+    hours = hours_between(first, last)
     runs = Counter()
     for window in windows:
         runs.update(window["runs"])
@@ -322,12 +300,10 @@ def soak_record(engine: Engine, load: SoakLoad, soak: Soak, windows: list[dict])
         "entries": entries_per_collection(load.live_load()) * load.collections,
         "edits": len(soak.watch.expected),
         "projected": len(latencies),
-        "latency_seconds": _latency_summary(latencies),
+        "latency_seconds": _spread(latencies),
         "instance_mb_start": round(first.database_bytes / 1e6, 2),
         "instance_mb_end": round(last.database_bytes / 1e6, 2),
-        "instance_mb_per_hour": round(
-            (last.database_bytes - first.database_bytes) / 1e6 / hours, 2
-        ),
+        "instance_mb_per_hour": round(database_mb_per_hour(first, last), 2),
         "growth_mb_per_hour_by_kind": growth_by_kind(first, last),
         "accumulating_mb_per_hour": accumulating_mb_per_hour(first, last),
         "rows_per_hour": {

@@ -40,6 +40,12 @@ def hours_between(first: InstanceSample, last: InstanceSample) -> float:
     return max(1e-9, (last.at - first.at) / 3600.0)
 
 
+def database_mb_per_hour(first: InstanceSample, last: InstanceSample) -> float:
+    """The whole instance database's growth between the samples, in MB per hour."""
+    gained = last.database_bytes - first.database_bytes
+    return gained / 1e6 / hours_between(first, last)
+
+
 def growth_per_hour(first: InstanceSample, last: InstanceSample) -> dict[str, dict[str, float]]:
     """Per table: bytes and rows gained per hour between the samples (a table that appeared
     in between grew from nothing)."""
@@ -156,14 +162,7 @@ def thirty_day_projection(
         "pruned_parts_mb": round(pruned_bytes / 1e6, 1),
         "kept_for_good_mb": round(kept_bytes / 1e6, 1),
         "total_mb": round((start + pruned_bytes + kept_bytes) / 1e6, 1),
-        "without_pruning_mb": round(
-            (
-                start
-                + (last.database_bytes - first.database_bytes) / hours_between(first, last) * hours
-            )
-            / 1e6,
-            1,
-        ),
+        "without_pruning_mb": round(start / 1e6 + database_mb_per_hour(first, last) * hours, 1),
     }
 
 
@@ -228,9 +227,11 @@ __all__ = [
     "InstanceSample",
     "TableSample",
     "accumulating_mb_per_hour",
+    "database_mb_per_hour",
     "directory_bytes",
     "growth_by_kind",
     "growth_per_hour",
+    "hours_between",
     "kept_days",
     "part_growth_bytes_per_hour",
     "process_rss",

@@ -2,9 +2,9 @@
 
 deploy/dagster.yaml's `retention:` purges tick history; runs and their events otherwise stay
 forever (a work run writes dozens of events), and the compute log manager keeps each run's
-captured stdout and stderr (files under $DAGSTER_HOME/storage by default). `prune_instance` deletes this project's finished
-runs, with their events and captured logs, once they are older than `success_days` (SUCCESS, CANCELED) or
-`failure_days` (FAILURE), and never:
+captured stdout and stderr (files under $DAGSTER_HOME/storage by default). `prune_instance`
+deletes this project's finished runs, with their events and captured logs, once they are older
+than `success_days` (SUCCESS, CANCELED) or `failure_days` (FAILURE), and never:
 - a run in flight (only finished runs are looked at);
 - a run holding an asset's latest materialization or observation (per partition) or a check's
   latest evaluation: every asset page and check keeps what it shows now;

@@ -9,9 +9,9 @@ while its numbers move or work is due (the counts, the first due item, the items
 the last 5 minutes, the coverage numbers, the lag): under steady edits the numbers change at
 every tick, and an observation at every tick was most of the instance's growth (runless events
 are never pruned). An idle, unchanged collection is not observed again. The cursor keeps, per
-collection, digests of what was last observed and when (database time). A check is evaluated whenever the
-verdict read now differs from its latest stored evaluation: the only writer of both checks, so
-their latest evaluations are at most one tick old.
+collection, digests of what was last observed and when (database time). A check is evaluated
+whenever the verdict read now differs from its latest stored evaluation: the only writer of both
+checks, so their latest evaluations are at most one tick old.
 
 Completed work leaves nothing in the database (a completed work row is deleted, and the status
 row keeps only the time of the last success), so "completed in the last 5 minutes" is what

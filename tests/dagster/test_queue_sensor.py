@@ -1,7 +1,7 @@
 """The queue sensor: each live collection's queue asset observed and its check `queue_healthy`
 evaluated by the tick itself (no run), again at once when its state changes and every 5
-minutes while its numbers move or work is due; the failed items' table carries the Launchpad config that
-retries each; the code location declares a queue asset and its check per collection."""
+minutes while its numbers move or work is due; the failed items' table carries the Launchpad
+config that retries each; the code location declares a queue asset and its check per collection."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ import dagster as dg
 import pytest
 from sqlalchemy import create_engine, text
 
+from media_usage_orchestration.bench.deployment import run_moments
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
     media_usage_reconciliation,
@@ -39,7 +40,7 @@ from media_usage_orchestration.store.deletions import DeletionPhase
 from tests.deployment.test_operator_paths import QUEUE_WAIT_BOUND_SECONDS
 from tests.support.deletion_runs import DELETION_OPS
 from tests.support.deletions import tombstone
-from tests.support.deployment import deployed_tier, report, run_moments, summary
+from tests.support.deployment import deployed_tier, report, summary
 from tests.support.reconciliation_runs import RECONCILIATION_OPS
 from tests.support.states import backdate
 

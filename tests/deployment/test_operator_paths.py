@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from media_usage_orchestration.assets.health import RUN_START_GRACE_SECONDS
+from media_usage_orchestration.bench.deployment import run_moments
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
     media_usage_reconciliation,
@@ -48,7 +49,6 @@ from tests.support.deployment import (
     QueueSampler,
     deployed_tier,
     report,
-    run_moments,
     summary,
 )
 from tests.support.webhook import Receiver, receiving

@@ -250,46 +250,6 @@ class QueueSampler:
             self.samples += 1
 
 
-@dataclass(frozen=True)
-class RunMoments:
-    """When a run was queued, dequeued (handed to the launcher), and its worker started."""
-
-    run_id: str
-    job_name: str
-    queued: float | None
-    launched: float | None
-    started: float | None
-
-    @property
-    def queue_wait(self) -> float | None:
-        if self.queued is None or self.launched is None:
-            return None
-        return self.launched - self.queued
-
-    @property
-    def process_start(self) -> float | None:
-        if self.launched is None or self.started is None:
-            return None
-        return self.started - self.launched
-
-
-def run_moments(instance: dg.DagsterInstance, run_id: str) -> RunMoments:
-    run = instance.get_run_by_id(run_id)
-    assert run is not None
-    first: dict[dg.DagsterEventType, float] = {}
-    for record in instance.get_records_for_run(run_id).records:
-        kind = record.event_log_entry.dagster_event_type
-        if kind is not None:
-            first.setdefault(kind, record.timestamp)
-    return RunMoments(
-        run_id,
-        run.job_name,
-        first.get(dg.DagsterEventType.RUN_ENQUEUED),
-        first.get(dg.DagsterEventType.RUN_STARTING),
-        first.get(dg.DagsterEventType.RUN_START),
-    )
-
-
 def percentile(values: Sequence[float], fraction: float) -> float:
     ordered = sorted(values)
     if not ordered:
