@@ -36,8 +36,9 @@ from rich.text import Text
 
 from media_usage_orchestration.bench import bench
 from media_usage_orchestration.console import add_row, coverage_table, items_table, literal
-from media_usage_orchestration.processing import operator, usage
-from media_usage_orchestration.processing.verify import VerifyReport, verify_index
+from media_usage_orchestration.processing.integrity.verify import VerifyReport, verify_index
+from media_usage_orchestration.processing.operator import actions as operator
+from media_usage_orchestration.processing.operator import usage
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import (
     DATABASE_URL_ENV,

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from media_usage_orchestration.processing import operator
+from media_usage_orchestration.processing.operator import actions as operator
 from media_usage_orchestration.store.core.engine import Engine
 
 

@@ -10,7 +10,7 @@ from media_usage_orchestration.assets.index import media_usage_index
 from media_usage_orchestration.assets.media_library import media_usage_media_library
 from media_usage_orchestration.assets.projection_cleanup import media_usage_projection_cleanup
 from media_usage_orchestration.assets.queue import with_queue_assets
-from media_usage_orchestration.ops.claim_io import claim_io_manager
+from media_usage_orchestration.dagster_kit.claim_io import claim_io_manager
 from media_usage_orchestration.previews import SENSOR_OWNERS, accepting
 from media_usage_orchestration.resources.automation import (
     MediaUsageAutomation,
@@ -63,7 +63,7 @@ defs = resolved(
         resources={
             "database": MediaUsageDatabase(),
             "automation": MediaUsageAutomation(),
-            # Only the lease-guarded graphs' claims go through an IO manager (ops/claim_io.py).
+            # Only the lease-guarded graphs' claims go through an IO manager (dagster_kit/claim_io.py).
             "io_manager": claim_io_manager,
         },
         executor=dg.in_process_executor,

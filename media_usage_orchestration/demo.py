@@ -41,9 +41,8 @@ from media_usage_orchestration.local.instance_home import (
     instance_in_use,
     is_foreign_instance,
 )
-from media_usage_orchestration.processing.usage import media_library_summary
-from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.store import audit
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.operator.usage import media_library_summary
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import (
     Engine,
@@ -52,7 +51,8 @@ from media_usage_orchestration.store.core.engine import (
     redacted_url,
     sqlite_database_file,
 )
-from media_usage_orchestration.store.registry import holds_collections, list_collection_slugs
+from media_usage_orchestration.store.host.registry import holds_collections, list_collection_slugs
+from media_usage_orchestration.store.reads import audit
 
 
 @dataclass(frozen=True)

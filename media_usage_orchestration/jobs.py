@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from media_usage_orchestration.dagster_kit.run_tags import queue_tags
 from media_usage_orchestration.ops.activation import activate_capture
 from media_usage_orchestration.ops.deletion import (
     claim_deletion,
@@ -36,7 +37,6 @@ from media_usage_orchestration.ops.reconciliation import (
     scan_pages,
     scan_sources,
 )
-from media_usage_orchestration.ops.run_tags import queue_tags
 from media_usage_orchestration.ops.work import drain_due_work
 from media_usage_orchestration.partitions import media_usage_collections
 

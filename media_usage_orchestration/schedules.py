@@ -4,8 +4,8 @@ do, so an idle deployment launches no runs at all: the maintenance lane's (EmDas
 
 import dagster as dg
 
+from media_usage_orchestration.dagster_kit.default_status import automation_default_schedule_status
 from media_usage_orchestration.jobs import media_usage_instance_pruning, media_usage_maintenance
-from media_usage_orchestration.ops.common import automation_default_schedule_status
 from media_usage_orchestration.ops.instance_pruning import (
     ProjectGraph,
     PruneInstanceConfig,
@@ -14,8 +14,8 @@ from media_usage_orchestration.ops.instance_pruning import (
 from media_usage_orchestration.partitions import partition_changes
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import database_not_ready
-from media_usage_orchestration.store.probes import pending_settlements
-from media_usage_orchestration.store.registry import read_collection_slugs
+from media_usage_orchestration.store.host.registry import read_collection_slugs
+from media_usage_orchestration.store.reads.probes import pending_settlements
 
 
 def pending_maintenance(instance: dg.DagsterInstance, database: MediaUsageDatabase) -> list[str]:

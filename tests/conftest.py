@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 from alembic.script import ScriptDirectory
 
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
 from media_usage_orchestration.store.core.engine import create_database_engine
 from tests.support.databases import (

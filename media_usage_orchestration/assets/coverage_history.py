@@ -21,10 +21,6 @@ import json
 from collections.abc import Iterator, Sequence
 
 import dagster as dg
-from dagster._core.definitions.definitions_load_context import (
-    DefinitionsLoadContext,
-    DefinitionsLoadType,
-)
 
 from media_usage_orchestration.assets.health import (
     COVERAGE_CHECK,
@@ -36,11 +32,15 @@ from media_usage_orchestration.assets.health import (
     tag_check_run,
 )
 from media_usage_orchestration.assets.index_drift import index_drift_checks
+from media_usage_orchestration.dagster_kit.dagster_internals import (
+    DefinitionsLoadContext,
+    DefinitionsLoadType,
+)
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.coverage import CollectionCoverage, read_all_coverage
-from media_usage_orchestration.store.registry import read_live_collection_slugs_at
-from media_usage_orchestration.store.run_leases import database_now
+from media_usage_orchestration.store.host.registry import read_live_collection_slugs_at
+from media_usage_orchestration.store.reads.coverage import CollectionCoverage, read_all_coverage
+from media_usage_orchestration.store.runs.run_leases import database_now
 from media_usage_orchestration.values.errors import RegistryUnreadable
 
 COVERAGE_HISTORY_GROUP = "media_usage_coverage"

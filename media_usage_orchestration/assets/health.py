@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from media_usage_orchestration.ops.run_tags import (
+from media_usage_orchestration.dagster_kit.run_tags import (
     COLLECTION_TAG,
     IN_FLIGHT_STATUSES,
     WORKFLOW_TAG,
@@ -39,9 +39,9 @@ from media_usage_orchestration.previews import OBSERVABLE_SOURCES, accepting
 from media_usage_orchestration.store.core.clock import seconds_between
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.core.schema import missing_tables, run_leases
-from media_usage_orchestration.store.coverage import CollectionCoverage, health_status
-from media_usage_orchestration.store.queue import WorkQueue
-from media_usage_orchestration.store.run_leases import read_run_leases
+from media_usage_orchestration.store.reads.coverage import CollectionCoverage, health_status
+from media_usage_orchestration.store.reads.queue import WorkQueue
+from media_usage_orchestration.store.runs.run_leases import read_run_leases
 
 QUEUE_CHECK = "queue_healthy"
 COVERAGE_CHECK = "coverage_complete"

@@ -20,10 +20,13 @@ from media_usage_orchestration.assets.coverage_history import coverage_history_k
 from media_usage_orchestration.assets.health import coverage_metadata, failed_codes_text
 from media_usage_orchestration.assets.queue import queue_key
 from media_usage_orchestration.partitions import media_usage_collections
-from media_usage_orchestration.processing.run_loop import WorkDrain
+from media_usage_orchestration.processing.loop.run_loop import WorkDrain
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.coverage import CollectionCoverage, read_collection_coverage
-from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.store.host.registry import read_collection_id
+from media_usage_orchestration.store.reads.coverage import (
+    CollectionCoverage,
+    read_collection_coverage,
+)
 
 MEDIA_USAGE_INDEX = dg.AssetKey("media_usage_index")
 FAILED_WORK_OUTCOME = "failed_work"

@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import dagster as dg
 
-from media_usage_orchestration.processing.scrub import Heal, ScrubPosition, ScrubTick
-from media_usage_orchestration.processing.verify import Difference, verify_index
+from media_usage_orchestration.processing.integrity.scrub import Heal, ScrubPosition, ScrubTick
+from media_usage_orchestration.processing.integrity.verify import Difference, verify_index
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 
 INDEX_MATCHES_CONTENT = "index_matches_content"

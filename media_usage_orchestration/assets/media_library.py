@@ -7,7 +7,7 @@ cancelled and observed as not counted, so it never holds up the projection GC ru
 
 import dagster as dg
 
-from media_usage_orchestration.processing.usage import NOT_INDEXED, media_library_summary
+from media_usage_orchestration.processing.operator.usage import NOT_INDEXED, media_library_summary
 from media_usage_orchestration.store.core.engine import Engine, StatementTimedOut
 
 MEDIA_USAGE_MEDIA_LIBRARY = dg.AssetKey("media_usage_media_library")

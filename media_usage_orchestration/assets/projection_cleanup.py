@@ -4,7 +4,7 @@ and the backlog its last pass saw."""
 
 import dagster as dg
 
-from media_usage_orchestration.processing.projection_gc import GcRun
+from media_usage_orchestration.processing.projection_gc.passes import GcRun
 
 MEDIA_USAGE_PROJECTION_CLEANUP = dg.AssetKey("media_usage_projection_cleanup")
 

@@ -2,7 +2,7 @@
 collection, beside its coverage history asset, and the check `queue_healthy` on each.
 
 No run observes them: the queue sensor (`sensors/queue.py`) reads every live collection's queue
-(`store/queue.py`) and reports an observation for each collection whose state changed, and every
+(`store/reads/queue.py`) and reports an observation for each collection whose state changed, and every
 5 minutes for each whose numbers moved or that has due work, and a check evaluation whenever a
 verdict changes. One unpartitioned asset per
 collection, as for the coverage history: Dagster 1.13 plots an asset's numeric metadata over
@@ -33,10 +33,10 @@ from media_usage_orchestration.assets.health import (
     tag_check_run,
     work_runs_alive,
 )
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, COUNT_TAGS
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_TAG, COUNT_TAGS
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.queue import (
+from media_usage_orchestration.store.reads.queue import (
     COUNT_LIMIT,
     MAX_QUEUE_COLLECTIONS,
     WorkQueue,

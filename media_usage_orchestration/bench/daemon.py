@@ -26,10 +26,12 @@ from pathlib import Path
 
 import click
 import dagster as dg
-from dagster._core.instance.ref import InstanceRef
-from dagster._core.scheduler.instigation import InstigatorType
 
 from media_usage_orchestration.bench.instance import deployed_settings
+from media_usage_orchestration.dagster_kit.dagster_internals import (
+    InstigatorType,
+    instance_from_dir,
+)
 from media_usage_orchestration.local.daemon_lane import PROJECT_WORKSPACE
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
@@ -80,7 +82,7 @@ def running_daemon(database_url: str, collection_slugs: Sequence[str]) -> Iterat
             home.mkdir()
             # JSON is YAML: the settings as Dagster reads them, without a YAML writer.
             (home / "dagster.yaml").write_text(json.dumps(settings, indent=2), "utf-8")
-            with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+            with instance_from_dir(str(home)) as instance:
                 instance.add_dynamic_partitions(media_usage_collections.name, collection_slugs)
                 with _daemon_process(home, database_url) as (process, log):
                     daemon = RunningDaemon(home, process, log, instance)

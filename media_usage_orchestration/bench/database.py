@@ -19,7 +19,7 @@ from rich.console import Console
 from media_usage_orchestration.emdash_double import sample_content
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection
 from media_usage_orchestration.emdash_double.scratch import scratch_schema
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.integrity.verify import verify_index
 from media_usage_orchestration.store.core.engine import (
     URL,
     ArgumentError,
@@ -28,7 +28,7 @@ from media_usage_orchestration.store.core.engine import (
     scrubbed,
 )
 from media_usage_orchestration.store.core.schema import install_schema
-from media_usage_orchestration.store.coverage import read_collection_coverage
+from media_usage_orchestration.store.reads.coverage import read_collection_coverage
 
 COLLECTION_SLUG = "articles"
 ENTRY_PREFIX = "art"

@@ -3,7 +3,7 @@ need, to tell what the project's own driver adds.
 
 It writes the end state the driver writes, on the same schema, with the project's extraction,
 canonical JSON and fingerprints (`build_content_snapshots`, `published_values`,
-`occurrence_rows`), in plain bulk SQL (`store/bulk_floor.py`), under the seeds' contract: a
+`occurrence_rows`), in plain bulk SQL (`bench/sql/bulk_floor.py`), under the seeds' contract: a
 leased coordinator row, pages of at most 50 entries (`PAGE_SIZE`, the seeds' `findScanPage`
 cap) with one guarded checkpoint each, and each work item under a lease of its own. Its
 bookkeeping is otherwise the minimum the rules ask for: each page's work rows are enqueued,
@@ -27,14 +27,14 @@ from typing import Any
 
 import click
 
+from media_usage_orchestration.bench.sql import bulk_floor
 from media_usage_orchestration.emdash_double.cms_writer import Collection
 from media_usage_orchestration.media.fields import FieldDiscovery
 from media_usage_orchestration.media.snapshots import build_content_snapshots
 from media_usage_orchestration.media.sources import CONTENT_SOURCE_SCHEMA_VERSION
-from media_usage_orchestration.processing.content_reads import read_fields
-from media_usage_orchestration.processing.phases import phase
+from media_usage_orchestration.processing.loop.phases import phase
 from media_usage_orchestration.processing.reconciliation.model import PAGE_SIZE
-from media_usage_orchestration.store import bulk_floor
+from media_usage_orchestration.processing.work.content_reads import read_fields
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.values.errors import FloorLeaseLost
 from media_usage_orchestration.values.source_records import (

@@ -19,9 +19,9 @@ from typing import Any
 
 import dagster as dg
 
+from media_usage_orchestration.dagster_kit.claim_io import claim_io_manager
+from media_usage_orchestration.dagster_kit.leased import leased_outs
 from media_usage_orchestration.jobs import media_usage_reconciliation, media_usage_work
-from media_usage_orchestration.ops.claim_io import claim_io_manager
-from media_usage_orchestration.ops.leased import leased_outs
 from media_usage_orchestration.ops.reconciliation import (
     ClaimReconciliationConfig,
     DrainBudget,
@@ -30,7 +30,7 @@ from media_usage_orchestration.ops.reconciliation import (
 from media_usage_orchestration.ops.work import DrainDueWorkConfig
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.store.core.leases import LeaseState
-from media_usage_orchestration.store.reconciliations import (
+from media_usage_orchestration.store.reconciliation.records import (
     ReconciliationClaim,
     ReconciliationPhase,
 )

@@ -46,11 +46,11 @@ from media_usage_orchestration.bench.database import (
     insert_entries,
 )
 from media_usage_orchestration.bench.measure import DriverMode, peak_rss_mb
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_ID_TAG, IN_FLIGHT_STATUSES
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection
 from media_usage_orchestration.jobs import media_usage_work
 from media_usage_orchestration.media.sources import source_key
-from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG, IN_FLIGHT_STATUSES
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.resources.automation import work_linger_from_environment
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core.engine import Engine, create_database_engine

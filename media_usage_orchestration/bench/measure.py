@@ -34,16 +34,22 @@ from media_usage_orchestration.bench.database import (
 from media_usage_orchestration.bench.workers import WorkerPool
 from media_usage_orchestration.emdash_double.cms_writer import Collection
 from media_usage_orchestration.emdash_double.statement_counter import counting_statements
-from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.processing.phases import OTHER, PHASES, PhaseClock, phase, timing
+from media_usage_orchestration.processing.activation.capture import activate
+from media_usage_orchestration.processing.loop.phases import (
+    OTHER,
+    PHASES,
+    PhaseClock,
+    phase,
+    timing,
+)
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import (
     DRAIN_BATCH_SIZE,
     ReconciliationOutcome,
 )
-from media_usage_orchestration.processing.work import process_due_batch, process_due_work
+from media_usage_orchestration.processing.work.processor import process_due_batch, process_due_work
 from media_usage_orchestration.store.core.engine import Engine, create_database_engine
-from media_usage_orchestration.store.registry import read_collection_slugs
+from media_usage_orchestration.store.host.registry import read_collection_slugs
 
 # Work runs beside a reconciliation claim batches of the drain's size.
 WORK_BATCH_SIZE = DRAIN_BATCH_SIZE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from media_usage_orchestration.bench.database import console
 from media_usage_orchestration.bench.measure import BenchResult, peak_rss_mb
-from media_usage_orchestration.processing.phases import OTHER, PHASES
+from media_usage_orchestration.processing.loop.phases import OTHER, PHASES
 
 
 def print_phases(result: BenchResult) -> None:

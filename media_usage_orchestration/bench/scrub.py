@@ -15,7 +15,7 @@ from media_usage_orchestration.bench.database import (
     console,
 )
 from media_usage_orchestration.bench.measure import reconciled_collection
-from media_usage_orchestration.processing.scrub import (
+from media_usage_orchestration.processing.integrity.scrub import (
     SLICE_ENTRIES,
     SLICE_SECONDS,
     ScrubLimits,

@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 
 import click
 import dagster as dg
-from dagster._core.scheduler.instigation import TickStatus
 
 from media_usage_orchestration.bench.database import console, index_is_verified
 from media_usage_orchestration.bench.deployment import (
@@ -57,17 +56,18 @@ from media_usage_orchestration.bench.soak_samples import (
     rss_growth,
     thirty_day_projection,
 )
+from media_usage_orchestration.bench.sql.dagster_instance import (
+    InstanceSample,
+    instance_database_engine,
+    instance_tables,
+)
 from media_usage_orchestration.bench.webhook import Receiver, receiving
+from media_usage_orchestration.dagster_kit.dagster_internals import TickStatus
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.sensors.alerts import ALERT_WEBHOOK_ENV
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core.engine import Engine, create_database_engine
-from media_usage_orchestration.store.dagster_instance import (
-    InstanceSample,
-    instance_database_engine,
-    instance_tables,
-)
 
 RSS_JUDGED_MINUTES = 30.0
 LONG_LIVED = ("code_server", "daemon", "webserver")

@@ -1,5 +1,5 @@
 """The soak benchmark's arithmetic on its samples of the Dagster instance database
-(`store/dagster_instance.py`), and what it samples of the processes.
+(`bench/sql/dagster_instance.py`), and what it samples of the processes.
 
 - `process_rss`: the resident set of the deployment's processes and of the run workers (the code
   server's process group).
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from media_usage_orchestration.bench.daemon import group_members
-from media_usage_orchestration.store.dagster_instance import (
+from media_usage_orchestration.bench.sql.dagster_instance import (
     RUN_EVENTS,
     RUNLESS_EVENTS,
     InstanceSample,

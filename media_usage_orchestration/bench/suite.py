@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from media_usage_orchestration.bench.database import console
-from media_usage_orchestration.processing.phases import OTHER, PHASES
+from media_usage_orchestration.processing.loop.phases import OTHER, PHASES
 
 # Wide enough for the summary table whatever the terminal (or pipe) says.
 SUMMARY_WIDTH = 160

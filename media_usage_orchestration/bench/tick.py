@@ -19,10 +19,13 @@ from collections.abc import Callable
 
 from media_usage_orchestration.bench.database import console, create_collection
 from media_usage_orchestration.emdash_double.generated_work import insert_generated_work
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.store.core.engine import create_database_engine
-from media_usage_orchestration.store.probes import MAX_DUE_WORK_COLLECTIONS, due_work_by_collection
-from media_usage_orchestration.store.queue import read_work_queues
+from media_usage_orchestration.store.reads.probes import (
+    MAX_DUE_WORK_COLLECTIONS,
+    due_work_by_collection,
+)
+from media_usage_orchestration.store.reads.queue import read_work_queues
 
 PROBES = 20
 EVALUATIONS = 5

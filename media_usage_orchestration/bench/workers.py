@@ -14,7 +14,7 @@ import queue
 from dataclasses import dataclass
 
 from media_usage_orchestration.emdash_double.statement_counter import counting_statements
-from media_usage_orchestration.processing.run_loop import Budget, drain_due_work
+from media_usage_orchestration.processing.loop.run_loop import Budget, drain_due_work
 from media_usage_orchestration.store.core.engine import create_database_engine
 
 READY_TIMEOUT_SECONDS = 120

@@ -19,19 +19,20 @@ deletion config, and the step resumes from the database all the same.
 """
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import dagster as dg
 
-from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG
-from media_usage_orchestration.resources.database import MediaUsageDatabase, shared_engine
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_ID_TAG
+from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.core.leases import LeaseState
-from media_usage_orchestration.store.deletions import DeletionLease
-from media_usage_orchestration.store.reconciliations import (
+from media_usage_orchestration.store.deletion.records import DeletionLease
+from media_usage_orchestration.store.host.registry import read_collection_id
+from media_usage_orchestration.store.reconciliation.records import (
     ReconciliationClaim,
     ReconciliationPhase,
-    ReconciliationRepository,
 )
-from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 
 # Outputs not yet taken by their step: one per op handing on, dropped once loaded. Bounded for
 # runs whose later steps never ran (the run stopped), in a process that executes many runs.
@@ -46,8 +47,8 @@ def _key(run_id: str, step_key: str, name: str) -> tuple[str, str, str]:
 
 
 class ClaimIOManager(dg.IOManager):
-    """Claims held in memory within a run; a re-execution resumes from the database, reached as
-    every run reaches it (the URL from the environment)."""
+    """Claims held in memory within a run; a re-execution resumes from the database, the
+    run's own `database` resource."""
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         if obj is None:
@@ -68,8 +69,8 @@ class ClaimIOManager(dg.IOManager):
             _handed_on_collection(context, upstream, source_run_id)
             if source_run_id is not None
             else None
-        ) or _run_collection_id(context.step_context.dagster_run, context.instance)
-        return _tokenless_claim(context.dagster_type.typing_type, collection_id)
+        ) or _run_collection_id(context.step_context.dagster_run, lambda: _engine(context))
+        return _tokenless_claim(context.dagster_type.typing_type, collection_id, context)
 
 
 def _source_run_id(upstream: dg.OutputContext) -> str | None:
@@ -96,7 +97,12 @@ def _handed_on_collection(
     return None
 
 
-def _run_collection_id(run: dg.DagsterRun, instance: dg.DagsterInstance) -> str:
+def _engine(context: dg.InputContext) -> Engine:
+    """The run's own database (its `database` resource), reached only when a claim resumes."""
+    return context.resources.database.engine
+
+
+def _run_collection_id(run: dg.DagsterRun, engine: Callable[[], Engine]) -> str:
     """The collection a reconciliation or deletion run is for, from the run itself."""
     if collection_id := run.tags.get(COLLECTION_ID_TAG):
         return collection_id
@@ -104,10 +110,8 @@ def _run_collection_id(run: dg.DagsterRun, instance: dg.DagsterInstance) -> str:
     if collection_id := claim.get("collection_id"):
         return str(collection_id)
     slug = run.tags.get(PARTITION_TAG)
-    if slug:
-        engine = shared_engine(MediaUsageDatabase().resolved_url())
-        if collection_id := read_collection_id(engine, slug):
-            return collection_id
+    if slug and (collection_id := read_collection_id(engine(), slug)):
+        return collection_id
     raise dg.Failure(
         f"run {run.run_id} names no collection to resume (no {COLLECTION_ID_TAG} tag, "
         "partition or deletion config): re-execute the whole run",
@@ -115,12 +119,11 @@ def _run_collection_id(run: dg.DagsterRun, instance: dg.DagsterInstance) -> str:
     )
 
 
-def _tokenless_claim(claim_type: type, collection_id: str) -> object:
+def _tokenless_claim(claim_type: type, collection_id: str, context: dg.InputContext) -> object:
     """The row as the database holds it now, claimed by nobody in this run (no lease token)."""
     if claim_type is DeletionLease:
         return DeletionLease(collection_id, "")
-    engine = shared_engine(MediaUsageDatabase().resolved_url())
-    record = ReconciliationRepository(engine).find_by_collection(collection_id)
+    record = ReconciliationRepository(_engine(context)).find_by_collection(collection_id)
     if record is None:
         # Nothing to resume (another run completed it): the op finds the row gone and says so.
         return ReconciliationClaim(**{**_ABSENT_ROW, "collection_id": collection_id})
@@ -150,6 +153,7 @@ _ABSENT_ROW = {
 
 
 @dg.io_manager(
+    required_resource_keys={"database"},
     description="Hands the lease-guarded graphs' claims from op to op in memory; a re-executed "
     "run resumes from the database (the lease is claimed again, never taken).",
 )

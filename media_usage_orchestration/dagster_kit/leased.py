@@ -19,18 +19,19 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import dagster as dg
-from dagster._core.execution.context.invocation import BaseDirectExecutionContext
-from dagster._core.execution.plan.outputs import StepOutputHandle
 
-from media_usage_orchestration.ops.claim_io import IDENTITY_KEY
-from media_usage_orchestration.ops.common import is_transient_database_error
-from media_usage_orchestration.ops.run_tags import (
+from media_usage_orchestration.dagster_kit.claim_io import IDENTITY_KEY
+from media_usage_orchestration.dagster_kit.dagster_internals import (
+    is_direct_invocation,
+    output_consumed_in_run,
+)
+from media_usage_orchestration.dagster_kit.run_tags import (
     AUTOMATIC_RETRY_TAG,
     launched_run,
     tag_run_outcome,
 )
-from media_usage_orchestration.processing.run_loop import Paging, PagingEnd
-from media_usage_orchestration.store.core.engine import Engine
+from media_usage_orchestration.processing.loop.run_loop import Paging, PagingEnd
+from media_usage_orchestration.store.core.engine import Engine, is_transient_database_error
 from media_usage_orchestration.store.core.leases import LeaseState
 
 L = TypeVar("L")
@@ -118,7 +119,7 @@ def is_reexecution(context: dg.OpExecutionContext) -> bool:
 def ensure_lease(
     context: dg.OpExecutionContext, workflow: LeasedWorkflow[L], engine: Engine, lease: L
 ) -> L | None:
-    # A claim resumed from the database (ops/claim_io.py) holds no lease to renew.
+    # A claim resumed from the database (dagster_kit/claim_io.py) holds no lease to renew.
     renewed = workflow.renew(engine, lease) if lease.lease_token else None
     if renewed is not None:
         return renewed
@@ -182,15 +183,7 @@ def emit(context: dg.OpExecutionContext, report: StepReport) -> Iterator[dg.Outp
 def hands_on_in_run(context: dg.OpExecutionContext) -> bool:
     """Whether a step of this run takes the op's `lease` output. Not for the graph's last op,
     nor for the last op of a re-execution of selected steps, nor for an op invoked directly."""
-    if isinstance(context, BaseDirectExecutionContext):
-        return False
-    step_context = context.get_step_execution_context()
-    lease = StepOutputHandle(step_context.step.key, "lease")
-    return any(
-        lease in step_input.get_step_output_handle_dependencies()
-        for step in step_context.execution_plan.get_steps_to_execute_in_topo_order()
-        for step_input in step.step_inputs
-    )
+    return not is_direct_invocation(context) and output_consumed_in_run(context, "lease")
 
 
 def leased_outs(lease_type: type) -> dict[str, dg.Out]:

@@ -4,7 +4,7 @@ with the total once any line was written. An op over within the interval writes 
 output's metadata has its counts and its step event its duration, so a line would only add an
 event to every run.
 
-The loops themselves (`processing/run_loop.py`, `processing/reconciliation/walks.py`) only
+The loops themselves (`processing/loop/run_loop.py`, `processing/reconciliation/walks.py`) only
 call a plain callable with each page's or batch's result; this module counts and throttles.
 """
 

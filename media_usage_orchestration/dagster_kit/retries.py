@@ -1,4 +1,4 @@
-"""What every op shares: retries for transient database errors only, fast failure otherwise.
+"""Retries for transient database errors only, fast failure otherwise: what every op shares.
 
 No op carries a Dagster `RetryPolicy`: Dagster turns an interrupt (Terminate) into a step
 retry for any op that has one, so a terminated run would restart its step and run on. A
@@ -9,17 +9,14 @@ Dagster as it is: the step fails and the run ends CANCELED.
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import dagster as dg
 
-from media_usage_orchestration.ops.run_tags import tag_run_outcome
+from media_usage_orchestration.dagster_kit.outcomes import error_outcome, failure_outcome
+from media_usage_orchestration.dagster_kit.run_tags import tag_run_outcome
 from media_usage_orchestration.store.core.engine import is_transient_database_error
-
-# `stopped` gives the sensors and the schedule a default status of STOPPED.
-AUTOMATION_ENV = "MEDIA_USAGE_AUTOMATION"
 
 # Transient: the database was briefly unreachable, busy, or chose us as a deadlock victim.
 # Re-running the step is safe because every write is lease-guarded and idempotent. The policy
@@ -98,29 +95,3 @@ def retry_transient_errors_only(context: dg.OpExecutionContext | None = None) ->
         if context is not None:
             tag_run_outcome(context, failure_outcome(failure))
         raise failure from error
-
-
-def failure_outcome(failure: dg.Failure) -> str:
-    outcome = failure.metadata.get("outcome")
-    return str(getattr(outcome, "value", outcome)) if outcome is not None else "failed"
-
-
-def error_outcome(error: BaseException) -> str:
-    """An error's stable code as an outcome word (`COLLECTION_NOT_FOUND` → `collection_not_found`,
-    `MEDIA_USAGE_INVALID_IDENTIFIER` → `invalid_identifier`); `failed` without one."""
-    code = getattr(error, "code", None)
-    if not isinstance(code, str) or not code:
-        return "failed"
-    return code.lower().removeprefix("media_usage_")
-
-
-def automation_default_status() -> dg.DefaultSensorStatus:
-    """Sensors and schedules run by default (the point is automatic execution);
-    `MEDIA_USAGE_AUTOMATION=stopped` starts them stopped, e.g. for a maintenance window."""
-    stopped = os.environ.get(AUTOMATION_ENV, "").strip().lower() == "stopped"
-    return dg.DefaultSensorStatus.STOPPED if stopped else dg.DefaultSensorStatus.RUNNING
-
-
-def automation_default_schedule_status() -> dg.DefaultScheduleStatus:
-    running = automation_default_status() is dg.DefaultSensorStatus.RUNNING
-    return dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED

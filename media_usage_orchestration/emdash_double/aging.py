@@ -21,7 +21,7 @@ from itertools import cycle
 from sqlalchemy import Engine, func, insert, literal, select, update
 from ulid import ULID
 
-from media_usage_orchestration.processing.projection_gc import GcLimits
+from media_usage_orchestration.processing.projection_gc.passes import GcLimits
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.clock import timestamp_offset
 

@@ -15,8 +15,6 @@ from typing import Any
 from sqlalchemy import JSON, Connection, Engine, delete, func, insert, select, update
 from ulid import ULID
 
-from media_usage_orchestration.store import status as status_store
-from media_usage_orchestration.store.activation import writable_activation_state
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
@@ -30,7 +28,9 @@ from media_usage_orchestration.store.core.schema import (
     ContentField,
     field_column_type,
 )
-from media_usage_orchestration.store.registry import collection_id_for_slug
+from media_usage_orchestration.store.host import status as status_store
+from media_usage_orchestration.store.host.activation import writable_activation_state
+from media_usage_orchestration.store.host.registry import collection_id_for_slug
 from media_usage_orchestration.values.errors import CmsError
 from media_usage_orchestration.values.identifiers import content_table_name, validate_identifier
 

@@ -14,12 +14,10 @@ between rounds, so no one waits for it and it never gets ahead of the wall clock
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import sys
 import time
-import unittest.mock
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, redirect_stderr
@@ -27,30 +25,23 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.repository_definition import SINGLETON_REPOSITORY_NAME
-from dagster._core.instance.ref import InstanceRef
-from dagster._core.test_utils import get_freezable_log_manager
-from dagster._core.workspace.context import WorkspaceProcessContext
-from dagster._core.workspace.load_target import WorkspaceFileTarget
-from dagster._daemon.sensor import execute_sensor_iteration
 
-from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
+from media_usage_orchestration.dagster_kit.dagster_internals import (
+    SINGLETON_REPOSITORY_NAME,
+    SYNCHRONOUS_EXECUTION,
+    WorkspaceFileTarget,
+    WorkspaceProcessContext,
+    dagster_clock,
+    execute_sensor_iteration,
+    instance_from_dir,
+)
+from media_usage_orchestration.dagster_kit.run_tags import OUTCOME_TAG
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 
 PROJECT_WORKSPACE = Path(__file__).resolve().parents[2] / "workspace.yaml"
 LOCATION_NAME = "media_usage_orchestration"
-SYNCHRONOUS_EXECUTION: Mapping[str, Any] = {
-    "run_coordinator": {
-        "module": "dagster._core.run_coordinator",
-        "class": "DefaultRunCoordinator",
-    },
-    "run_launcher": {
-        "module": "dagster._core.launcher.sync_in_memory_run_launcher",
-        "class": "SyncInMemoryRunLauncher",
-    },
-}
 # One step past the longest minimum interval of the project's sensors (60 s).
 SENSOR_ROUND_SECONDS = 61
 MAX_SENSOR_ROUNDS = 60
@@ -60,8 +51,7 @@ FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)
 
 def synchronous_instance(dagster_home: Path) -> dg.DagsterInstance:
     """The instance in `dagster_home`, executing every launched run before `launch` returns."""
-    ref = InstanceRef.from_dir(str(dagster_home), overrides=dict(SYNCHRONOUS_EXECUTION))
-    return dg.DagsterInstance.from_ref(ref)
+    return instance_from_dir(str(dagster_home), overrides=dict(SYNCHRONOUS_EXECUTION))
 
 
 class DagsterClock:
@@ -81,19 +71,7 @@ class DagsterClock:
 
     @contextmanager
     def applied(self) -> Iterator[None]:
-        # The same three hooks as dagster's own `freeze_time`, with a running clock.
-        with (
-            unittest.mock.patch(
-                "dagster._time._mockable_get_current_datetime",
-                side_effect=lambda: datetime.datetime.fromtimestamp(self.now(), datetime.UTC),
-            ),
-            unittest.mock.patch(
-                "dagster._time._mockable_get_current_timestamp", side_effect=self.now
-            ),
-            unittest.mock.patch(
-                "dagster._core.log_manager.DagsterLogManager", new=get_freezable_log_manager()
-            ),
-        ):
+        with dagster_clock(self.now):
             yield
 
 

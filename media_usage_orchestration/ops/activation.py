@@ -3,12 +3,12 @@
 import dagster as dg
 
 from media_usage_orchestration.assets.index import record_collection_by_slug
-from media_usage_orchestration.ops.common import (
+from media_usage_orchestration.dagster_kit.retries import (
     retries_transient_errors,
     retry_transient_errors_only,
 )
-from media_usage_orchestration.ops.run_tags import tag_run_outcome
-from media_usage_orchestration.processing.activation import ActivationOutcome, activate_step
+from media_usage_orchestration.dagster_kit.run_tags import tag_run_outcome
+from media_usage_orchestration.processing.activation.capture import ActivationOutcome, activate_step
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 
 MAX_ACTIVATION_STEPS = 100_000

@@ -12,33 +12,36 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.index import forget_deleted_collection
-from media_usage_orchestration.ops.common import (
-    retries_transient_errors,
-    retry_transient_errors_only,
-)
-from media_usage_orchestration.ops.leased import (
+from media_usage_orchestration.dagster_kit.leased import (
     StepReport,
     StepStopped,
     emit,
     is_reexecution,
     leased_outs,
-    run_leased_step,
     stop_unless_done,
 )
-from media_usage_orchestration.ops.progress import ProgressLog, logged_progress
-from media_usage_orchestration.ops.run_tags import tag_run_collection, tag_run_outcome
-from media_usage_orchestration.processing import deletion as processing
-from media_usage_orchestration.processing.deletion import PhaseStepOutcome, PhaseStepResult
-from media_usage_orchestration.processing.run_loop import Budget, Page, page_until_done
+from media_usage_orchestration.dagster_kit.progress import ProgressLog, logged_progress
+from media_usage_orchestration.dagster_kit.retries import (
+    retries_transient_errors,
+    retry_transient_errors_only,
+)
+from media_usage_orchestration.dagster_kit.run_tags import tag_run_collection, tag_run_outcome
+from media_usage_orchestration.ops.leased_op import Step, leased_op
+from media_usage_orchestration.processing.deletion import processor as processing
+from media_usage_orchestration.processing.deletion.processor import (
+    PhaseStepOutcome,
+    PhaseStepResult,
+)
+from media_usage_orchestration.processing.loop.run_loop import Budget, Page, page_until_done
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.deletions import (
+from media_usage_orchestration.store.deletion.records import (
     DeletionLease,
     DeletionPhase,
     DeletionRecord,
-    DeletionRepository,
 )
-from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
+from media_usage_orchestration.store.host.registry import read_collection_id
 from media_usage_orchestration.values.errors import DeletionLeaseLost
 from media_usage_orchestration.values.identifiers import validate_identifier
 
@@ -198,39 +201,26 @@ def _phase_op(
     *,
     batched: bool = False,
 ) -> dg.OpDefinition:
-    if batched:
-
-        @dg.op(
-            name=name,
-            ins={"lease": dg.In(DeletionLease)},
-            out=leased_outs(DeletionLease),
-            description=description,
-        )
-        @retries_transient_errors
-        def _batched(
-            context: dg.OpExecutionContext,
-            lease: DeletionLease,
-            config: DeletionBatchBudget,
-            database: MediaUsageDatabase,
-        ):
-            with logged_progress(context, name, "rows deleted") as progress:
-                body = _phase_body(database.engine, phase, step, config, progress)
-                yield from run_leased_step(context, WORKFLOW, database.engine, lease, body)
-
-        return _batched
-
-    @dg.op(
-        name=name,
-        ins={"lease": dg.In(DeletionLease)},
-        out=leased_outs(DeletionLease),
+    declare = leased_op(
+        WORKFLOW,
+        DeletionLease,
         description=description,
+        config=DeletionBatchBudget if batched else None,
+        name=name,
     )
-    @retries_transient_errors
-    def _single(context: dg.OpExecutionContext, lease: DeletionLease, database: MediaUsageDatabase):
-        body = _phase_body(database.engine, phase, step, None)
-        yield from run_leased_step(context, WORKFLOW, database.engine, lease, body)
+    if not batched:
+        return declare(lambda context, engine: _phase_body(engine, phase, step, None))
 
-    return _single
+    def batched_body(
+        context: dg.OpExecutionContext, engine: Engine, config: DeletionBatchBudget
+    ) -> Step:
+        def body(lease: DeletionLease) -> StepReport:
+            with logged_progress(context, name, "rows deleted") as progress:
+                return _phase_body(engine, phase, step, config, progress)(lease)
+
+        return body
+
+    return declare(batched_body)
 
 
 fence = _phase_op(

@@ -22,7 +22,7 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.health import CHECK_WORKFLOW
-from media_usage_orchestration.ops.run_tags import WORKFLOW_TAG
+from media_usage_orchestration.dagster_kit.run_tags import WORKFLOW_TAG
 
 BACKFILL_TAG = "dagster/backfill"
 # A backfill in these states may still launch or read its runs.

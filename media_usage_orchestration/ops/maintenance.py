@@ -3,15 +3,15 @@ keep the collection partitions equal to the registry."""
 
 import dagster as dg
 
-from media_usage_orchestration.ops.common import (
+from media_usage_orchestration.dagster_kit.retries import (
     retries_transient_errors,
     retry_transient_errors_only,
 )
-from media_usage_orchestration.ops.run_tags import tag_run_outcome
+from media_usage_orchestration.dagster_kit.run_tags import tag_run_outcome
 from media_usage_orchestration.partitions import media_usage_collections, partition_changes
 from media_usage_orchestration.processing.reconciliation.maintenance import settle_reconciliations
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.registry import read_collection_slugs
+from media_usage_orchestration.store.host.registry import read_collection_slugs
 
 
 @dg.op(

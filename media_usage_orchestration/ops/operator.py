@@ -1,5 +1,5 @@
 """Operator actions from the Launchpad: retry work, a stalled deletion, a failed
-reconciliation. Each is EmDash's guarded operator retry (`processing/operator.py`); none
+reconciliation. Each is EmDash's guarded operator retry (`processing/operator/actions.py`); none
 steals a live lease.
 
 The outcome is the `outcome` output's metadata and the run's `media_usage/outcome` tag, as for
@@ -15,15 +15,15 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.index import record_collection_by_slug
-from media_usage_orchestration.ops.common import (
-    error_outcome,
+from media_usage_orchestration.dagster_kit.leased import StepReport, emit
+from media_usage_orchestration.dagster_kit.outcomes import error_outcome
+from media_usage_orchestration.dagster_kit.retries import (
     retries_transient_errors,
     retry_transient_errors_only,
 )
+from media_usage_orchestration.dagster_kit.run_tags import tag_run_collection
 from media_usage_orchestration.ops.deletion import tombstone_slug
-from media_usage_orchestration.ops.leased import StepReport, emit
-from media_usage_orchestration.ops.run_tags import tag_run_collection
-from media_usage_orchestration.processing.operator import (
+from media_usage_orchestration.processing.operator.actions import (
     MAX_LIMIT,
     RetryReport,
     retry_deletion,

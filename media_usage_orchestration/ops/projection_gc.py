@@ -11,13 +11,13 @@ from media_usage_orchestration.assets.projection_cleanup import (
     MEDIA_USAGE_PROJECTION_CLEANUP,
     gc_metadata,
 )
-from media_usage_orchestration.ops.common import (
+from media_usage_orchestration.dagster_kit.progress import logged_progress
+from media_usage_orchestration.dagster_kit.retries import (
     retries_transient_errors,
     retry_transient_errors_only,
 )
-from media_usage_orchestration.ops.progress import logged_progress
-from media_usage_orchestration.ops.run_tags import tag_run_outcome
-from media_usage_orchestration.processing.projection_gc import (
+from media_usage_orchestration.dagster_kit.run_tags import tag_run_outcome
+from media_usage_orchestration.processing.projection_gc.passes import (
     DEFAULT_RUN_SECONDS,
     GcOutcome,
     GcResult,
@@ -25,7 +25,7 @@ from media_usage_orchestration.processing.projection_gc import (
     run_projection_gc_passes,
 )
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
+from media_usage_orchestration.store.projection_gc.repository import ProjectionGcRepository
 
 
 class CollectProjectionGarbageConfig(dg.Config):

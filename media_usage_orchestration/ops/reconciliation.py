@@ -15,21 +15,22 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.index import record_coverage, record_failed_coverage
-from media_usage_orchestration.ops.common import (
-    retries_transient_errors,
-    retry_transient_errors_only,
-)
-from media_usage_orchestration.ops.leased import (
+from media_usage_orchestration.dagster_kit.leased import (
     StepReport,
     StepStopped,
     emit,
     is_reexecution,
     leased_outs,
-    run_leased_step,
     stop_unless_done,
 )
-from media_usage_orchestration.ops.progress import logged_progress
-from media_usage_orchestration.ops.run_tags import tag_run_collection
+from media_usage_orchestration.dagster_kit.progress import logged_progress
+from media_usage_orchestration.dagster_kit.retries import (
+    retries_transient_errors,
+    retry_transient_errors_only,
+)
+from media_usage_orchestration.dagster_kit.run_tags import tag_run_collection
+from media_usage_orchestration.ops.leased_op import Step, leased_op
+from media_usage_orchestration.processing.loop.run_loop import Budget
 from media_usage_orchestration.processing.reconciliation import steps, walks
 from media_usage_orchestration.processing.reconciliation.model import (
     CONTINUE_DELAY_SECONDS,
@@ -38,15 +39,14 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ScanOutcome,
     StepResult,
 )
-from media_usage_orchestration.processing.run_loop import Budget
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.reconciliations import (
+from media_usage_orchestration.store.host.registry import read_collection_id
+from media_usage_orchestration.store.reconciliation.records import (
     ReconciliationClaim,
     ReconciliationRecord,
-    ReconciliationRepository,
 )
-from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 from media_usage_orchestration.values.identifiers import validate_identifier
 
 
@@ -193,42 +193,30 @@ def _advanced(step: StepResult, what: str, **metadata) -> StepReport:
     raise StepStopped(step.outcome.value, **metadata)
 
 
-@dg.op(
-    ins={"lease": dg.In(ReconciliationClaim)},
-    out=leased_outs(ReconciliationClaim),
+@leased_op(
+    WORKFLOW,
+    ReconciliationClaim,
     description="Begin the run (or restart it when the epoch or the media fields moved).",
 )
-@retries_transient_errors
-def prepare_run(
-    context: dg.OpExecutionContext, lease: ReconciliationClaim, database: MediaUsageDatabase
-):
-    engine = database.engine
-
+def prepare_run(context: dg.OpExecutionContext, engine: Engine) -> Step:
     def step(claim: ReconciliationClaim) -> StepReport:
         prepared = steps.prepare_run(engine, claim)
         return _advanced(prepared, "prepared", restarted=prepared.restarted)
 
-    yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+    return step
 
 
 # --- scan pages -----------------------------------------------------------------------------
 
 
-@dg.op(
-    ins={"lease": dg.In(ReconciliationClaim)},
-    out=leased_outs(ReconciliationClaim),
+@leased_op(
+    WORKFLOW,
+    ReconciliationClaim,
     description="Enqueue work for every content id up to the captured upper bound, 50 per "
     "page, checkpointing each page and renewing the lease between pages.",
+    config=PageBudget,
 )
-@retries_transient_errors
-def scan_pages(
-    context: dg.OpExecutionContext,
-    lease: ReconciliationClaim,
-    config: PageBudget,
-    database: MediaUsageDatabase,
-):
-    engine = database.engine
-
+def scan_pages(context: dg.OpExecutionContext, engine: Engine, config: PageBudget) -> Step:
     def step(claim: ReconciliationClaim) -> StepReport:
         budget = Budget(config.max_pages, config.max_seconds)
         with logged_progress(context, "scan_pages", "pages") as progress:
@@ -242,7 +230,7 @@ def scan_pages(
             return StepReport("exhausted", paging.lease, metadata)
         raise StepStopped(paging.last.value, **metadata)
 
-    yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+    return step
 
 
 def _paged(outcome) -> int:
@@ -252,20 +240,15 @@ def _paged(outcome) -> int:
 # --- drain this collection's work -----------------------------------------------------------
 
 
-@dg.op(
-    ins={"lease": dg.In(ReconciliationClaim)},
-    out=leased_outs(ReconciliationClaim),
+@leased_op(
+    WORKFLOW,
+    ReconciliationClaim,
     description="Process this collection's due work so the work barrier clears within the run.",
+    config=DrainBudget,
 )
-@retries_transient_errors
 def drain_collection_work(
-    context: dg.OpExecutionContext,
-    lease: ReconciliationClaim,
-    config: DrainBudget,
-    database: MediaUsageDatabase,
-):
-    engine = database.engine
-
+    context: dg.OpExecutionContext, engine: Engine, config: DrainBudget
+) -> Step:
     def step(claim: ReconciliationClaim) -> StepReport:
         budget = Budget(max_seconds=config.max_seconds)
         with logged_progress(context, "drain_collection_work", "items") as progress:
@@ -279,27 +262,20 @@ def drain_collection_work(
         stop_unless_done(paging, **counts)
         return StepReport("drained", paging.lease, counts)
 
-    yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+    return step
 
 
 # --- sources --------------------------------------------------------------------------------
 
 
-@dg.op(
-    ins={"lease": dg.In(ReconciliationClaim)},
-    out=leased_outs(ReconciliationClaim),
+@leased_op(
+    WORKFLOW,
+    ReconciliationClaim,
     description="Pass the work barrier into the sources phase, then enqueue work for canonical "
     "sources whose content is gone, 50 per page.",
+    config=PageBudget,
 )
-@retries_transient_errors
-def scan_sources(
-    context: dg.OpExecutionContext,
-    lease: ReconciliationClaim,
-    config: PageBudget,
-    database: MediaUsageDatabase,
-):
-    engine = database.engine
-
+def scan_sources(context: dg.OpExecutionContext, engine: Engine, config: PageBudget) -> Step:
     def step(claim: ReconciliationClaim) -> StepReport:
         entered = steps.enter_sources(engine, claim)
         if entered.restarted:
@@ -316,7 +292,7 @@ def scan_sources(
             _restart_later(engine, paging.lease)
         raise StepStopped(paging.last.value, **metadata)
 
-    yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+    return step
 
 
 def _claimed(batch) -> int:
@@ -334,18 +310,13 @@ def _restart_later(engine: Engine, claim: ReconciliationClaim | None) -> NoRetur
 # --- finalize -------------------------------------------------------------------------------
 
 
-@dg.op(
-    ins={"lease": dg.In(ReconciliationClaim)},
-    out=leased_outs(ReconciliationClaim),
+@leased_op(
+    WORKFLOW,
+    ReconciliationClaim,
     description="Mark coverage complete (guarded by epoch, fingerprint, lease and an empty "
     "work barrier) and delete the coordinator row.",
 )
-@retries_transient_errors
-def finalize_coverage(
-    context: dg.OpExecutionContext, lease: ReconciliationClaim, database: MediaUsageDatabase
-):
-    engine = database.engine
-
+def finalize_coverage(context: dg.OpExecutionContext, engine: Engine) -> Step:
     def step(claim: ReconciliationClaim) -> StepReport:
         finalized = steps.finalize(engine, claim)
         if finalized.restarted:
@@ -355,4 +326,4 @@ def finalize_coverage(
             return StepReport("completed", None, {"collection": claim.collection_slug})
         raise StepStopped(finalized.outcome.value)
 
-    yield from run_leased_step(context, WORKFLOW, engine, lease, step)
+    return step

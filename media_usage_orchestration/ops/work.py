@@ -17,13 +17,13 @@ import dagster as dg
 from pydantic import Field
 
 from media_usage_orchestration.assets.index import record_drained_coverage
-from media_usage_orchestration.ops import progress as progress_logs
-from media_usage_orchestration.ops.common import (
+from media_usage_orchestration.dagster_kit import progress as progress_logs
+from media_usage_orchestration.dagster_kit.progress import logged_progress
+from media_usage_orchestration.dagster_kit.retries import (
     retries_transient_errors,
     retry_transient_errors_only,
 )
-from media_usage_orchestration.ops.progress import logged_progress
-from media_usage_orchestration.ops.run_tags import (
+from media_usage_orchestration.dagster_kit.run_tags import (
     COLLECTION_ID_TAG,
     COUNT_TAGS,
     IN_FLIGHT_STATUSES,
@@ -32,8 +32,8 @@ from media_usage_orchestration.ops.run_tags import (
     tag_run_collection,
     tag_run_outcome,
 )
-from media_usage_orchestration.processing import run_loop
-from media_usage_orchestration.processing.run_loop import (
+from media_usage_orchestration.processing.loop import run_loop
+from media_usage_orchestration.processing.loop.run_loop import (
     Budget,
     Linger,
     WorkDrain,
@@ -41,9 +41,12 @@ from media_usage_orchestration.processing.run_loop import (
 )
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.coverage import read_coverage_state
-from media_usage_orchestration.store.probes import MAX_DUE_WORK_COLLECTIONS, due_work_by_collection
-from media_usage_orchestration.store.registry import read_collection_slug
+from media_usage_orchestration.store.host.registry import read_collection_slug
+from media_usage_orchestration.store.reads.coverage import read_coverage_state
+from media_usage_orchestration.store.reads.probes import (
+    MAX_DUE_WORK_COLLECTIONS,
+    due_work_by_collection,
+)
 
 
 class DrainDueWorkConfig(dg.Config):
@@ -74,7 +77,7 @@ class DrainDueWorkConfig(dg.Config):
     )
 
 
-# Named after the function it runs (processing/run_loop.py: drain_due_work), in Dagster too.
+# Named after the function it runs (processing/loop/run_loop.py: drain_due_work), in Dagster too.
 @dg.op(
     out=dg.Out(dg.Nothing),
     description="Claim due work (several items per statement, each with its own lease) and "

@@ -1,1 +1,2 @@
-"""The state machines, free of Dagster: step functions take an Engine and return outcomes."""
+"""The state machines, free of Dagster, in rooms by workflow: step functions take an Engine and
+return outcomes."""

@@ -5,7 +5,7 @@ import os
 import dagster as dg
 from pydantic import Field
 
-from media_usage_orchestration.processing.scrub import SLICE_ENTRIES, SLICE_SECONDS
+from media_usage_orchestration.processing.integrity.scrub import SLICE_ENTRIES, SLICE_SECONDS
 from media_usage_orchestration.values.errors import InvalidSettingError
 
 # How long due work may wait before the queue counts as stalled (assets/health.py).

@@ -9,9 +9,10 @@ import dagster as dg
 from pydantic import PrivateAttr
 from sqlalchemy import Engine
 
-from media_usage_orchestration.ops.common import error_outcome
-from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
-from media_usage_orchestration.processing.run_heartbeat import RunHeartbeat
+from media_usage_orchestration.dagster_kit.dagster_internals import KeepsBoundStateOnRebuild
+from media_usage_orchestration.dagster_kit.outcomes import error_outcome
+from media_usage_orchestration.dagster_kit.run_tags import OUTCOME_TAG
+from media_usage_orchestration.processing.loop.run_heartbeat import RunHeartbeat
 from media_usage_orchestration.store.core.engine import (
     SQLAlchemyError,
     create_database_engine,
@@ -42,7 +43,7 @@ def shared_engine(url: str) -> Engine:
         return engine
 
 
-class MediaUsageDatabase(dg.ConfigurableResource):
+class MediaUsageDatabase(KeepsBoundStateOnRebuild, dg.ConfigurableResource):
     """The CMS database: SQLite (embedded default) or PostgreSQL.
 
     The resource has no config fields: the URL comes from `MEDIA_USAGE_DATABASE_URL` at
@@ -66,12 +67,9 @@ class MediaUsageDatabase(dg.ConfigurableResource):
         resource._url = url
         return resource
 
-    def _with_updated_values(self, values):
-        # Dagster rebuilds the resource from its config fields when a run initializes it;
-        # the bound URL is no config field, so it is carried over here.
-        rebuilt = super()._with_updated_values(values)
+    def _carry_over(self, rebuilt: MediaUsageDatabase) -> None:
+        # The bound URL is no config field: the copy a run initializes keeps it.
         rebuilt._url = self._url
-        return rebuilt
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         if context.run is None:  # a sensor or schedule tick (or an op invoked directly)

@@ -1,5 +1,8 @@
-"""Sensors read, ops write: each sensor runs one bounded, indexed query for due rows and asks
-for runs whose run key changes every time a row becomes due again.
+"""Sensors, one bounded probe each. The work, reconciliation, deletion and projection-GC sensors
+ask for runs (whose run keys change every time a row becomes due again) and write nothing to the
+database; the alert, run-health, scrubber and queue sensors ask for none: they post alerts, fail
+dead runs, heal drift through the operator's work retry, and record check evaluations and
+observations.
 
 A run queued, in flight or about to be crash-retried for the same collection and workflow
 holds the sensor back: one queued run per collection and workflow, whatever happens to the

@@ -25,14 +25,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
-from dagster._core.event_api import PartitionKeyFilter
-from dagster._core.storage.asset_check_execution_record import (
-    COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
-    AssetCheckExecutionRecordStatus,
-)
 
 from media_usage_orchestration.assets.health import COVERAGE_CHECK, QUEUE_CHECK
-from media_usage_orchestration.ops.common import automation_default_status
+from media_usage_orchestration.dagster_kit.dagster_internals import (
+    COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
+    AssetCheckExecutionRecordStatus,
+    PartitionKeyFilter,
+)
+from media_usage_orchestration.dagster_kit.default_status import automation_default_status
 from media_usage_orchestration.values.errors import AlertNotDelivered
 
 ALERT_WEBHOOK_ENV = "MEDIA_USAGE_ALERT_WEBHOOK_URL"

@@ -4,15 +4,15 @@ run keys that change whenever a row becomes due again."""
 import datetime
 import hashlib
 import weakref
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import dagster as dg
 
 # Defined beside the other run tags, where the work op reads them too; the sensors take them
 # from here.
-from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG as COLLECTION_ID_TAG
-from media_usage_orchestration.ops.run_tags import IN_FLIGHT_STATUSES
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_ID_TAG as COLLECTION_ID_TAG
+from media_usage_orchestration.dagster_kit.run_tags import IN_FLIGHT_STATUSES
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.store.core.engine import (
     CONNECTION_ERRORS,
@@ -153,6 +153,31 @@ def database_not_ready(database: MediaUsageDatabase) -> dg.SkipReason | None:
     return dg.SkipReason(
         f"{database.display_url} lacks the media usage schema ({len(missing)} tables missing, "
         "e.g. " + missing[0] + "): " + setup
+    )
+
+
+def collection_run_request(
+    instance: dg.DagsterInstance,
+    job_name: str,
+    collection_id: str,
+    key: Sequence[object],
+    *,
+    tags: Mapping[str, str],
+    key_after: Sequence[object] = (),
+    partition_key: str | None = None,
+    run_config: Mapping[str, Any] | None = None,
+) -> dg.RunRequest:
+    """One run of the job for one collection, tagged with the collection's id. Its key is the
+    due generation (`key`), then the newest unsuccessful run of the job for the collection (a
+    run canceled or failed before its claim left the row unchanged, so the same generation needs
+    a new key), then `key_after`."""
+    id_tag = {COLLECTION_ID_TAG: collection_id}
+    unsuccessful = last_unsuccessful_run_id(instance, job_name, id_tag)
+    return dg.RunRequest(
+        run_key=run_key(*key, unsuccessful, *key_after),
+        partition_key=partition_key,
+        run_config=dict(run_config) if run_config is not None else None,
+        tags={**id_tag, **tags},
     )
 
 

@@ -2,19 +2,17 @@
 
 import dagster as dg
 
+from media_usage_orchestration.dagster_kit.default_status import automation_default_status
+from media_usage_orchestration.dagster_kit.run_tags import queue_tags
 from media_usage_orchestration.jobs import media_usage_collection_deletion
-from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.ops.run_tags import queue_tags
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (
-    COLLECTION_ID_TAG,
     collection_has_run,
-    last_unsuccessful_run_id,
+    collection_run_request,
     probe_when_ready,
-    run_key,
 )
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.probes import due_deletions
+from media_usage_orchestration.store.reads.probes import due_deletions
 
 MAX_DUE_DELETIONS = 25
 
@@ -38,30 +36,19 @@ def media_usage_collection_deletion_sensor(
         return due
     requests = []
     for tombstone in due:
-        tags = {COLLECTION_ID_TAG: tombstone.collection_id}
-        if collection_has_run(
-            context.instance, media_usage_collection_deletion.name, tombstone.collection_id
-        ):
+        job = media_usage_collection_deletion.name
+        if collection_has_run(context.instance, job, tombstone.collection_id):
             continue
+        key = ("delete", tombstone.collection_id, tombstone.phase)
+        claim_config = {"collection_id": tombstone.collection_id}
         requests.append(
-            dg.RunRequest(
-                run_key=run_key(
-                    "delete",
-                    tombstone.collection_id,
-                    tombstone.phase,
-                    tombstone.due_at,
-                    tombstone.updated_at,
-                    # a run canceled or failed before its claim left the tombstone unchanged
-                    last_unsuccessful_run_id(
-                        context.instance, media_usage_collection_deletion.name, tags
-                    ),
-                ),
-                run_config={
-                    "ops": {
-                        "claim_deletion": {"config": {"collection_id": tombstone.collection_id}}
-                    }
-                },
-                tags={**tags, **queue_tags("deletion", tombstone.collection_slug)},
+            collection_run_request(
+                context.instance,
+                job,
+                tombstone.collection_id,
+                (*key, tombstone.due_at, tombstone.updated_at),
+                run_config={"ops": {"claim_deletion": {"config": claim_config}}},
+                tags=queue_tags("deletion", tombstone.collection_slug),
             )
         )
     if not requests:

@@ -2,9 +2,9 @@
 
 import dagster as dg
 
+from media_usage_orchestration.dagster_kit.default_status import automation_default_status
 from media_usage_orchestration.jobs import media_usage_projection_gc
-from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.processing.projection_gc import GcLimits
+from media_usage_orchestration.processing.projection_gc.passes import GcLimits
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (
     last_unsuccessful_run_id,
@@ -13,7 +13,7 @@ from media_usage_orchestration.sensors.common import (
     runs_in_flight,
 )
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.probes import due_projection_gc
+from media_usage_orchestration.store.reads.probes import due_projection_gc
 
 
 def _due_projection_gc(engine: Engine):

@@ -46,18 +46,18 @@ from media_usage_orchestration.assets.queue import (
     queue_key,
     queue_observation,
 )
-from media_usage_orchestration.ops.common import automation_default_status
+from media_usage_orchestration.dagster_kit.default_status import automation_default_status
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import probe_when_ready
 from media_usage_orchestration.store.core.clock import seconds_between
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.coverage import (
+from media_usage_orchestration.store.reads.coverage import (
     CollectionCoverage,
     health_status,
     read_all_coverage,
 )
-from media_usage_orchestration.store.queue import QueueReading, WorkQueue, read_work_queues
+from media_usage_orchestration.store.reads.queue import QueueReading, WorkQueue, read_work_queues
 
 OBSERVE_AT_LEAST_EVERY_SECONDS = 300
 QUEUE_SENSOR_INTERVAL_SECONDS = 30

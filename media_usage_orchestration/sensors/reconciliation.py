@@ -2,20 +2,18 @@
 
 import dagster as dg
 
+from media_usage_orchestration.dagster_kit.default_status import automation_default_status
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_TAG
 from media_usage_orchestration.jobs import media_usage_reconciliation
-from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
 from media_usage_orchestration.partitions import media_usage_collections
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (
-    COLLECTION_ID_TAG,
     collection_has_run,
-    last_unsuccessful_run_id,
+    collection_run_request,
     probe_when_ready,
-    run_key,
 )
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.probes import due_reconciliations
+from media_usage_orchestration.store.reads.probes import due_reconciliations
 
 MAX_DUE_RECONCILIATIONS = 25
 
@@ -47,27 +45,20 @@ def media_usage_reconciliation_sensor(
     new_partitions = sorted({c.collection_slug for c in candidates} - known)
     requests = []
     for candidate in candidates:
-        tags = {COLLECTION_ID_TAG: candidate.collection_id}
         if candidate.collection_slug not in known:
             continue  # its partition is added by this tick; the run is requested on the next
-        if collection_has_run(
-            context.instance, media_usage_reconciliation.name, candidate.collection_id
-        ):
+        job = media_usage_reconciliation.name
+        if collection_has_run(context.instance, job, candidate.collection_id):
             continue
+        key = ("reconcile", candidate.collection_id, candidate.run_token or "seed")
         requests.append(
-            dg.RunRequest(
-                run_key=run_key(
-                    "reconcile",
-                    candidate.collection_id,
-                    candidate.run_token or "seed",
-                    candidate.generation,
-                    # a run canceled or failed before its claim left the row unchanged
-                    last_unsuccessful_run_id(
-                        context.instance, media_usage_reconciliation.name, tags
-                    ),
-                ),
+            collection_run_request(
+                context.instance,
+                job,
+                candidate.collection_id,
+                (*key, candidate.generation),
                 partition_key=candidate.collection_slug,
-                tags={**tags, COLLECTION_TAG: candidate.collection_slug},
+                tags={COLLECTION_TAG: candidate.collection_slug},
             )
         )
     partition_requests = (

@@ -7,7 +7,7 @@ place in the run queue and in the sensors' counts) until `max_runtime_seconds` e
 
 The database knows better. Every run of this code location holds a run lease
 (`_muo_run_leases`), renewed every few seconds by its worker while the process lives
-(`processing/run_heartbeat.py`). Each tick this sensor reads the leases of the location's runs
+(`processing/loop/run_heartbeat.py`). Each tick this sensor reads the leases of the location's runs
 that Dagster records STARTED or CANCELING and
 
 - fails a STARTED run whose lease expired on the database clock (its crash retry, if run
@@ -27,15 +27,18 @@ import json
 
 import dagster as dg
 
-from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
-from media_usage_orchestration.processing.run_heartbeat import HEARTBEAT_SECONDS, RUN_LEASE_SECONDS
+from media_usage_orchestration.dagster_kit.default_status import automation_default_status
+from media_usage_orchestration.dagster_kit.run_tags import OUTCOME_TAG
+from media_usage_orchestration.processing.loop.run_heartbeat import (
+    HEARTBEAT_SECONDS,
+    RUN_LEASE_SECONDS,
+)
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import probe_when_ready
 from media_usage_orchestration.store.core.clock import seconds_between
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.core.schema import PROJECT_TABLES, missing_tables
-from media_usage_orchestration.store.run_leases import (
+from media_usage_orchestration.store.runs.run_leases import (
     RunLeaseState,
     database_now,
     read_run_leases,

@@ -1,5 +1,5 @@
 """The scrubber sensor: the index checked against the content continuously, one bounded slice
-per tick (`processing/scrub.py`), healing confirmed drift through the operator's work retry.
+per tick (`processing/integrity/scrub.py`), healing confirmed drift through the operator's work retry.
 
 It launches no runs: what it finds is the `index_matches_content` check of the collection's
 asset `media_usage_coverage/<slug>` (`assets/index_drift.py`), evaluated from the tick; the work it reopens is run by the
@@ -12,8 +12,8 @@ import dagster as dg
 
 from media_usage_orchestration.assets.coverage_history import coverage_history_key
 from media_usage_orchestration.assets.index_drift import scrub_check_evaluation
-from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.processing.scrub import (
+from media_usage_orchestration.dagster_kit.default_status import automation_default_status
+from media_usage_orchestration.processing.integrity.scrub import (
     ScrubLimits,
     ScrubPosition,
     ScrubTick,

@@ -22,9 +22,9 @@ from collections import Counter
 
 import dagster as dg
 
+from media_usage_orchestration.dagster_kit.default_status import automation_default_status
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_TAG, IN_FLIGHT_STATUSES
 from media_usage_orchestration.jobs import media_usage_work
-from media_usage_orchestration.ops.common import automation_default_status
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, IN_FLIGHT_STATUSES
 from media_usage_orchestration.resources.automation import (
     MediaUsageAutomation,
     work_linger_from_environment,
@@ -33,12 +33,11 @@ from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import (
     COLLECTION_ID_TAG,
     WAITING_STATUSES,
-    last_unsuccessful_run_id,
+    collection_run_request,
     probe_when_ready,
-    run_key,
 )
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.probes import (
+from media_usage_orchestration.store.reads.probes import (
     MAX_DUE_WORK_COLLECTIONS,
     CollectionDueWork,
     due_work_by_collection,
@@ -144,21 +143,16 @@ def _work_run(
     running: int,
     succeeding: str | None = None,
 ) -> dg.RunRequest:
-    tags = {COLLECTION_ID_TAG: collection.collection_id}
     # The successor of an ending run: keyed by that run too, once per predecessor.
     handover = (succeeding,) if succeeding is not None else ()
-    return dg.RunRequest(
-        run_key=run_key(
-            "work",
-            collection.collection_id,
-            collection.generation,
-            # with work_runs_per_collection > 1, the next run of a collection beside the
-            # running ones (the key stays the same while a run waits to start)
-            running,
-            # a run canceled or failed before its claim left the due set unchanged
-            last_unsuccessful_run_id(instance, media_usage_work.name, tags),
-            *handover,
-        ),
+    return collection_run_request(
+        instance,
+        media_usage_work.name,
+        collection.collection_id,
+        # with work_runs_per_collection > 1, the next run of a collection beside the running
+        # ones (the key stays the same while a run waits to start)
+        ("work", collection.collection_id, collection.generation, running),
+        key_after=handover,
         run_config={
             "ops": {
                 "drain_due_work": {
@@ -176,9 +170,5 @@ def _work_run(
                 }
             }
         },
-        tags={
-            **tags,
-            COLLECTION_TAG: collection.collection_slug,
-            "media_usage/workflow": "work",
-        },
+        tags={COLLECTION_TAG: collection.collection_slug, "media_usage/workflow": "work"},
     )

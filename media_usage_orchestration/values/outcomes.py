@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Generic, TypeVar
+
+Row = TypeVar("Row")
 
 
 class OperatorRetryOutcome(StrEnum):
@@ -31,3 +35,17 @@ REPORTED_RETRY_OUTCOMES = (
     OperatorRetryOutcome.CONFLICT,
     OperatorRetryOutcome.NOT_FOUND,
 )
+
+
+@dataclass(frozen=True)
+class OperatorRetryResult(Generic[Row]):
+    """What one operator retry did, for a work item, a reconciliation or a tombstone alike.
+
+    `changed`: whether this retry reopened the row (a `pending` row it found already queued is
+    unchanged); `row`: the row as the retry left it or found it, where the workflow reports
+    one; `lease_expires_at`: the live lease's expiry when `lease_active` (never taken)."""
+
+    outcome: OperatorRetryOutcome
+    changed: bool = False
+    row: Row | None = None
+    lease_expires_at: str | None = None

@@ -13,12 +13,18 @@ from media_usage_orchestration.bench.suite import Measurement, findings, plan
 from media_usage_orchestration.cli import main
 from media_usage_orchestration.emdash_double.generated_work import insert_generated_work
 from media_usage_orchestration.emdash_double.statement_counter import counting_statements
-from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.processing.phases import OTHER, PHASES, PhaseClock, phase, timing
+from media_usage_orchestration.processing.activation.capture import activate
+from media_usage_orchestration.processing.loop.phases import (
+    OTHER,
+    PHASES,
+    PhaseClock,
+    phase,
+    timing,
+)
 from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import create_database_engine
-from media_usage_orchestration.store.probes import due_work_by_collection
+from media_usage_orchestration.store.reads.probes import due_work_by_collection
 from tests.support.databases import postgres_admin_url, require_postgres
 from tests.support.states import count, make_collection
 
@@ -502,8 +508,8 @@ def test_the_floor_keeps_the_seeds_contract_items_own_leases_and_guarded_checkpo
 
     from media_usage_orchestration.bench.database import create_collection, insert_entries
     from media_usage_orchestration.bench.drain_floor import FLOOR_PAGE_SIZE, _built
-    from media_usage_orchestration.processing.content_reads import read_fields
-    from media_usage_orchestration.store import bulk_floor
+    from media_usage_orchestration.bench.sql import bulk_floor
+    from media_usage_orchestration.processing.work.content_reads import read_fields
     from media_usage_orchestration.values.errors import FloorLeaseLost
 
     collection = create_collection(db.engine)
@@ -604,7 +610,7 @@ def test_a_soak_sample_reads_every_instance_table_and_splits_events_and_ticks():
 
     from media_usage_orchestration.bench.instance import bench_instance
     from media_usage_orchestration.bench.soak_samples import growth_per_hour
-    from media_usage_orchestration.store.dagster_instance import (
+    from media_usage_orchestration.bench.sql.dagster_instance import (
         RUN_EVENTS,
         RUNLESS_EVENTS,
         instance_database_engine,

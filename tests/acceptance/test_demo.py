@@ -30,12 +30,12 @@ from media_usage_orchestration.emdash_double.sample_content import UNUSED_UPLOAD
 from media_usage_orchestration.local.daemon_lane import LOCATION_NAME, SENSOR_ROUND_SECONDS
 from media_usage_orchestration.local.in_process_lane import LANE_SENSORS
 from media_usage_orchestration.local.instance_home import DEV_PID_FILE
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.integrity.verify import verify_index
 from media_usage_orchestration.sensors.projection_gc import media_usage_projection_gc_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.schema import missing_tables
-from media_usage_orchestration.store.coverage import read_collection_coverage
-from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.store.host.registry import read_collection_id
+from media_usage_orchestration.store.reads.coverage import read_collection_coverage
 from media_usage_orchestration.store.sources.usage import media_library
 from tests.support.cli import invoke_json
 from tests.support.demo import (

@@ -32,8 +32,8 @@ from media_usage_orchestration.assets.coverage_history import (
     coverage_history_key,
 )
 from media_usage_orchestration.assets.health import COVERAGE_CHECK, QUEUE_CHECK
+from media_usage_orchestration.dagster_kit.default_status import AUTOMATION_ENV
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.ops.common import AUTOMATION_ENV
 from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors import alerts
 from media_usage_orchestration.sensors.alerts import ALERT_WEBHOOK_ENV, media_usage_alert_sensor

@@ -24,7 +24,7 @@ from media_usage_orchestration.assets.queue import queue_key, with_queue_assets
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
-from media_usage_orchestration.processing.operator import collection_statuses
+from media_usage_orchestration.processing.operator.actions import collection_statuses
 from media_usage_orchestration.sensors.alerts import (
     ALERT_WEBHOOK_ENV,
     announced_failing,

@@ -10,8 +10,8 @@ import dagster as dg
 import pytest
 
 from media_usage_orchestration import jobs
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_TAG
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG
 from tests.support.reconciliation_runs import PARTITIONS
 from tests.support.reconciliation_steps import (
     captured_collection,

@@ -9,10 +9,10 @@ from media_usage_orchestration.assets.index import MEDIA_USAGE_INDEX
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
+from media_usage_orchestration.processing.loop.retry_policy import RECONCILIATION_RETRY
 from media_usage_orchestration.processing.reconciliation import steps
-from media_usage_orchestration.processing.retry_policy import RECONCILIATION_RETRY
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.coverage import read_collection_coverage
+from media_usage_orchestration.store.reads.coverage import read_collection_coverage
 from tests.support.reconciliation_runs import (
     FAILED_CODE,
     PARTITIONS,

@@ -14,10 +14,10 @@ from media_usage_orchestration.assets.queue import queue_key
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
-from media_usage_orchestration.processing.operator import collection_statuses
+from media_usage_orchestration.processing.operator.actions import collection_statuses
 from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.work.repository import WorkRepository
 from tests.support.reconciliation_runs import (
     OUTCOME_TAG,
     PARTITIONS,

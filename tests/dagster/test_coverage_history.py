@@ -26,8 +26,8 @@ from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
-from media_usage_orchestration.store.deletions import DeletionRepository
-from media_usage_orchestration.store.registry import read_live_collection_slugs_at
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
+from media_usage_orchestration.store.host.registry import read_live_collection_slugs_at
 from media_usage_orchestration.values.errors import RegistryUnreadable
 from tests.support.projection import canonical_key, processed_collection
 from tests.support.reconciliation_runs import (

@@ -11,8 +11,8 @@ import itertools
 import dagster as dg
 
 from media_usage_orchestration.assets.coverage_history import coverage_assets
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_TAG, OUTCOME_TAG
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, OUTCOME_TAG
 from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 
 JOBS = {

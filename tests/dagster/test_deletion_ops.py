@@ -26,18 +26,15 @@ from media_usage_orchestration.ops.deletion import (
     remove_registry,
     request_deletion,
 )
-from media_usage_orchestration.processing import deletion as processing
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
+from media_usage_orchestration.processing.deletion import processor as processing
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     remove_capture_triggers,
 )
-from media_usage_orchestration.store.deletions import (
-    DeletionLease,
-    DeletionPhase,
-    DeletionRepository,
-)
+from media_usage_orchestration.store.deletion.records import DeletionLease, DeletionPhase
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
 from tests.support.deletion_runs import (
     FAILED_CODE,
     leftovers,
@@ -277,7 +274,7 @@ def test_the_phase_ops_in_order_delete_everything_and_free_the_slug(activated, c
         # 60 seeded rows plus the 3 the capture trigger wrote for the inserted entries
         "rows_deleted": 63,
         "next_phase": "sources",
-        # what a re-execution resumes from (ops/claim_io.py)
+        # what a re-execution resumes from (dagster_kit/claim_io.py)
         "collection_id": posts.id,
     }
     assert count(activated.engine, schema.work, collection_id=posts.id) == 0

@@ -5,11 +5,11 @@ refused deletion fails the run with a clear message and changes nothing at all."
 import dagster as dg
 import pytest
 
+from media_usage_orchestration.dagster_kit.run_tags import OUTCOME_TAG
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import DeletionPhase
+from media_usage_orchestration.store.deletion.records import DeletionPhase
 from tests.support.deletion_runs import (
     REQUEST_JOB,
     failure_of,

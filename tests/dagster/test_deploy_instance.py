@@ -30,8 +30,8 @@ from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, Postgr
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, QUEUE_TAG, queue_tags
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_TAG, QUEUE_TAG, queue_tags
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from tests.support.databases import (
     TestDatabase,

@@ -23,7 +23,7 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ReconciliationOutcome,
     StepResult,
 )
-from media_usage_orchestration.processing.work import WorkBatchResult
+from media_usage_orchestration.processing.work.processor import WorkBatchResult
 from media_usage_orchestration.store.core import schema
 from tests.support.factories import insert_source, of
 from tests.support.projection import canonical_key

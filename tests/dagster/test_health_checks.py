@@ -23,11 +23,11 @@ from media_usage_orchestration.assets.health import (
     WORK_JOB,
 )
 from media_usage_orchestration.assets.queue import queue_key
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_TAG, WORKFLOW_TAG
 from media_usage_orchestration.jobs import media_usage_work
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, WORKFLOW_TAG
 from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.run_leases import begin_run_lease
+from media_usage_orchestration.store.runs.run_leases import begin_run_lease
 from tests.support.factories import ago, failed, insert_works, of
 from tests.support.sensor_loop import resources
 from tests.support.states import backdate, make_collection

@@ -11,8 +11,8 @@ import weakref
 import dagster as dg
 import pytest
 
+from media_usage_orchestration.dagster_kit.run_tags import OUTCOME_TAG
 from media_usage_orchestration.local.in_process_lane import LANE_SENSORS, execute_job
-from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
 from media_usage_orchestration.resources import database as database_module
 from media_usage_orchestration.schedules import media_usage_maintenance_schedule
 from media_usage_orchestration.sensors import common as sensor_common

@@ -15,11 +15,11 @@ from sqlalchemy import Engine, delete, event
 
 from media_usage_orchestration.local.in_process_lane import LANE_SENSORS
 from media_usage_orchestration.partitions import media_usage_collections
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import DeletionPhase
-from media_usage_orchestration.store.probes import due_reconciliations
+from media_usage_orchestration.store.deletion.records import DeletionPhase
+from media_usage_orchestration.store.reads.probes import due_reconciliations
 from tests.support.deletions import tombstone
 from tests.support.reconciliation_runs import (
     RECONCILIATION_JOB,

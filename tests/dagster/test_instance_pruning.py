@@ -14,6 +14,7 @@ import dagster as dg
 import pytest
 from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 
+from media_usage_orchestration.dagster_kit.run_tags import WORKFLOW_TAG
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.jobs import media_usage_instance_pruning
 from media_usage_orchestration.ops.instance_pruning import (
@@ -24,7 +25,6 @@ from media_usage_orchestration.ops.instance_pruning import (
     prunable_runs,
     prune,
 )
-from media_usage_orchestration.ops.run_tags import WORKFLOW_TAG
 from media_usage_orchestration.schedules import media_usage_instance_pruning_schedule
 
 DAY = 86_400

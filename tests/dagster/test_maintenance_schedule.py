@@ -13,7 +13,7 @@ from media_usage_orchestration.processing.reconciliation.driver import run_to_co
 from media_usage_orchestration.processing.reconciliation.maintenance import settle_reconciliations
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.schedules import media_usage_maintenance_schedule
-from media_usage_orchestration.store.reconciliations import ReconciliationRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 from tests.support.reconciliation_runs import PARTITIONS
 from tests.support.reconciliation_steps import mark_failed, untrusted_collection
 from tests.support.sensor_loop import resources

@@ -7,12 +7,12 @@ import pytest
 from sqlalchemy import update
 
 from media_usage_orchestration import jobs
+from media_usage_orchestration.dagster_kit.run_tags import OUTCOME_TAG
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.processing.reconciliation import driver, steps
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import DeletionPhase
+from media_usage_orchestration.store.deletion.records import DeletionPhase
 from tests.support.cli import trusted_collection
 from tests.support.deletions import tombstone, tombstone_row
 from tests.support.operator_states import (

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dagster as dg
 
 from media_usage_orchestration import jobs
+from media_usage_orchestration.dagster_kit import progress as progress_module
+from media_usage_orchestration.dagster_kit.progress import ProgressLog
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.ops import progress as progress_module
-from media_usage_orchestration.ops.progress import ProgressLog
 from tests.support.projection_gc import make_gc_due, orphans
 from tests.support.reconciliation_steps import captured_collection, image_entry
 from tests.support.sensor_loop import resources

@@ -101,7 +101,7 @@ def test_a_run_stops_at_its_time_budget_and_leaves_the_row_due(activated):
 
 
 def test_a_failed_pass_fails_the_run_with_the_error_code(activated, monkeypatch):
-    from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
+    from media_usage_orchestration.store.projection_gc.repository import ProjectionGcRepository
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("boom")

@@ -35,7 +35,7 @@ from media_usage_orchestration.sensors.queue import (
 )
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
-from media_usage_orchestration.store.queue import COUNT_LIMIT
+from media_usage_orchestration.store.reads.queue import COUNT_LIMIT
 from tests.support.factories import ago, expired, failed, insert_works, leased, of
 from tests.support.projection import active_collection, insert_entry
 from tests.support.sensor_loop import evaluate, execute_request, plain, resources

@@ -18,7 +18,7 @@ from dagster._daemon.sensor import execute_sensor_iteration
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec
 from media_usage_orchestration.local.in_process_lane import RUN_KEY_TAG
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.processing.reconciliation import maintenance, steps
 from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
 from media_usage_orchestration.store.core import schema

@@ -29,7 +29,7 @@ from media_usage_orchestration.processing.reconciliation.driver import run_to_co
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.processing.reconciliation.steps import claim_collection
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.reconciliations import ReconciliationRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 from tests.support.factories import insert_source, of
 from tests.support.ops import OpResult, invoke
 from tests.support.projection import canonical_key

@@ -11,16 +11,16 @@ import dagster as dg
 import pytest
 from sqlalchemy import select
 
+from media_usage_orchestration.dagster_kit.run_tags import OUTCOME_TAG
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.ops.run_tags import OUTCOME_TAG
-from media_usage_orchestration.processing.run_heartbeat import RUN_LEASE_SECONDS, RunHeartbeat
+from media_usage_orchestration.processing.loop.run_heartbeat import RUN_LEASE_SECONDS, RunHeartbeat
 from media_usage_orchestration.sensors.run_health import (
     MISSING_LEASE_GRACE_SECONDS,
     WORKER_LOST,
     media_usage_run_health_sensor,
 )
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.run_leases import begin_run_lease, database_now
+from media_usage_orchestration.store.runs.run_leases import begin_run_lease, database_now
 from tests.support.factories import ago
 from tests.support.sensor_loop import resources_for
 from tests.support.states import backdate

@@ -18,9 +18,9 @@ from media_usage_orchestration.assets.index_drift import INDEX_MATCHES_CONTENT
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
-from media_usage_orchestration.processing import scrub
-from media_usage_orchestration.processing.run_loop import Budget, drain_due_work
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.integrity import scrub
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.loop.run_loop import Budget, drain_due_work
 from media_usage_orchestration.sensors.scrubber import media_usage_scrubber_sensor
 from media_usage_orchestration.store.core import schema
 from tests.support.projection import canonical_key, processed_collection

@@ -7,7 +7,7 @@ import dagster as dg
 
 from media_usage_orchestration import sensors
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.sensors import work as work_sensor_module
@@ -18,8 +18,9 @@ from media_usage_orchestration.sensors.common import (
 )
 from media_usage_orchestration.sensors.work import HANDOVER_LEAD_SECONDS
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.deletion.records import DeletionPhase
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
+from media_usage_orchestration.store.work.repository import WorkRepository
 from tests.support.deletions import tombstone
 from tests.support.sensor_loop import add_requested_partitions, evaluate, resources_for
 from tests.support.states import IMAGE_ONLY, backdate

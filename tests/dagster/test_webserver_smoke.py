@@ -30,7 +30,7 @@ import dagster as dg
 import pytest
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
 from tests.dagster.test_definitions_contract import JOBS, LOCATION, SCHEDULES, SENSORS

@@ -16,32 +16,32 @@ from sqlalchemy import create_engine, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
+from media_usage_orchestration.dagster_kit import default_status, retries
+from media_usage_orchestration.dagster_kit.retries import (
+    TRANSIENT_RETRY_POLICY,
+    retry_transient_errors_only,
+)
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_ID_TAG, COLLECTION_TAG
 from media_usage_orchestration.definitions import defs
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.jobs import media_usage_work
-from media_usage_orchestration.ops import common
 from media_usage_orchestration.ops import work as work_op_module
 from media_usage_orchestration.ops.activation import activate_capture
-from media_usage_orchestration.ops.common import (
-    TRANSIENT_RETRY_POLICY,
-    is_transient_database_error,
-    retry_transient_errors_only,
-)
-from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG, COLLECTION_TAG
 from media_usage_orchestration.ops.work import drain_due_work
-from media_usage_orchestration.processing import run_loop
-from media_usage_orchestration.processing.retry_policy import WORK_RETRY
-from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import WorkCounts, process_due_batch
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.loop import run_loop
+from media_usage_orchestration.processing.loop.retry_policy import WORK_RETRY
+from media_usage_orchestration.processing.work.processor import WorkCounts, process_due_batch
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.activation import claim_activation
 from media_usage_orchestration.store.core import engine as engine_module
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     verify_capture_triggers,
 )
+from media_usage_orchestration.store.core.engine import is_transient_database_error
+from media_usage_orchestration.store.host.activation import claim_activation
 from tests.support.factories import draft_revision, insert_registry
 from tests.support.ops import invoke
 from tests.support.projection import (
@@ -479,7 +479,7 @@ def test_in_a_run_an_interrupt_is_never_retried(db, monkeypatch):
         raise dg.DagsterExecutionInterruptedError("terminated by an operator")
 
     monkeypatch.setattr(run_loop, "process_due_batch", interrupted)
-    monkeypatch.setattr(common, "TRANSIENT_RETRY_POLICY", dg.RetryPolicy(max_retries=2))
+    monkeypatch.setattr(retries, "TRANSIENT_RETRY_POLICY", dg.RetryPolicy(max_retries=2))
 
     @dg.job(executor_def=dg.in_process_executor)
     def terminated_work():
@@ -517,7 +517,7 @@ def test_in_a_run_a_transient_error_is_retried_and_a_permanent_one_is_not(db, mo
     monkeypatch.setattr(run_loop, "process_due_batch", flaky)
     # The project's policy waits seconds between attempts; an immediate one shows the same
     # retries without the wait.
-    monkeypatch.setattr(common, "TRANSIENT_RETRY_POLICY", dg.RetryPolicy(max_retries=2))
+    monkeypatch.setattr(retries, "TRANSIENT_RETRY_POLICY", dg.RetryPolicy(max_retries=2))
 
     @dg.job(executor_def=dg.in_process_executor)
     def retried_work():
@@ -703,7 +703,7 @@ def test_the_guard_turns_everything_else_into_a_final_failure():
 
 def test_sensors_run_unless_an_operator_stops_automation(monkeypatch):
     monkeypatch.delenv("MEDIA_USAGE_AUTOMATION", raising=False)
-    assert common.automation_default_status() is dg.DefaultSensorStatus.RUNNING
+    assert default_status.automation_default_status() is dg.DefaultSensorStatus.RUNNING
     monkeypatch.setenv("MEDIA_USAGE_AUTOMATION", " Stopped ")
-    assert common.automation_default_status() is dg.DefaultSensorStatus.STOPPED
-    assert common.automation_default_schedule_status() is dg.DefaultScheduleStatus.STOPPED
+    assert default_status.automation_default_status() is dg.DefaultSensorStatus.STOPPED
+    assert default_status.automation_default_schedule_status() is dg.DefaultScheduleStatus.STOPPED

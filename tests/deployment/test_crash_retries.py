@@ -28,15 +28,19 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from media_usage_orchestration.bench.deployment import run_moments
+from media_usage_orchestration.dagster_kit.run_tags import (
+    COLLECTION_ID_TAG,
+    OUTCOME_TAG,
+    queue_tags,
+)
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
     media_usage_reconciliation,
 )
 from media_usage_orchestration.ops.reconciliation import FORCE_TAG
-from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG, OUTCOME_TAG, queue_tags
 from media_usage_orchestration.sensors.run_health import media_usage_run_health_sensor
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import DeletionPhase
+from media_usage_orchestration.store.deletion.records import DeletionPhase
 from tests.deployment.test_operator_paths import QUEUE_WAIT_BOUND_SECONDS
 from tests.support.deletion_runs import DELETION_OPS
 from tests.support.deletions import tombstone

@@ -24,18 +24,18 @@ from sqlalchemy import create_engine, text
 
 from media_usage_orchestration.assets.health import RUN_START_GRACE_SECONDS
 from media_usage_orchestration.bench.deployment import run_moments
+from media_usage_orchestration.dagster_kit.run_tags import (
+    COLLECTION_TAG,
+    OUTCOME_TAG,
+    QUEUE_TAG,
+    queue_tags,
+)
 from media_usage_orchestration.jobs import (
     media_usage_collection_deletion,
     media_usage_reconciliation,
     media_usage_work,
 )
 from media_usage_orchestration.ops.reconciliation import FORCE_TAG
-from media_usage_orchestration.ops.run_tags import (
-    COLLECTION_TAG,
-    OUTCOME_TAG,
-    QUEUE_TAG,
-    queue_tags,
-)
 from media_usage_orchestration.sensors.alerts import (
     ALERT_SENSOR_INTERVAL_SECONDS,
     ALERT_WEBHOOK_ENV,

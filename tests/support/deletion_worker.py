@@ -16,7 +16,7 @@ import dagster as dg
 
 from media_usage_orchestration.jobs import media_usage_collection_deletion
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.deletions import DeletionRepository
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
 
 HOLD_LIMIT_SECONDS = 120
 

@@ -9,12 +9,12 @@ from sqlalchemy import Engine, inspect, update
 
 from media_usage_orchestration.emdash_double.cms_writer import Collection
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import (
+from media_usage_orchestration.store.deletion.records import (
     DeletionClaim,
     DeletionPhase,
     DeletionRecord,
-    DeletionRepository,
 )
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
 from tests.support.factories import (
     insert_occurrences,
     insert_reconciliation,

@@ -39,10 +39,10 @@ from media_usage_orchestration.bench.live import (
     prepare_content,
 )
 from media_usage_orchestration.bench.measure import DriverMode
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_ID_TAG, IN_FLIGHT_STATUSES
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection
-from media_usage_orchestration.ops.run_tags import COLLECTION_ID_TAG, IN_FLIGHT_STATUSES
 from media_usage_orchestration.partitions import media_usage_collections
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
 from media_usage_orchestration.sensors.common import WAITING_STATUSES
 from tests.support.databases import TestDatabase, postgres_admin_url

@@ -13,9 +13,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from media_usage_orchestration.processing.deletion import DeletionTickResult
-from media_usage_orchestration.processing.scheduled_lane import LaneResult, run_scheduled_lane
-from media_usage_orchestration.processing.work import WorkTickResult
+from media_usage_orchestration.processing.deletion.processor import DeletionTickResult
+from media_usage_orchestration.processing.lane.scheduled_lane import LaneResult, run_scheduled_lane
+from media_usage_orchestration.processing.work.processor import WorkTickResult
 from media_usage_orchestration.store.core.engine import create_database_engine
 
 # EmDash's cron waits between lane events; a short pause keeps this one from starving the rest.

@@ -11,7 +11,7 @@ from media_usage_orchestration.emdash_double import media_library as emdash_medi
 from media_usage_orchestration.emdash_double import sample_content
 from media_usage_orchestration.media.snapshots import deserialize_column_value
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.registry import list_collection_slugs
+from media_usage_orchestration.store.host.registry import list_collection_slugs
 from media_usage_orchestration.store.sources.usage import media_library
 from media_usage_orchestration.values.identifiers import content_table_name
 

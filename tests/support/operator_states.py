@@ -9,16 +9,12 @@ from sqlalchemy import Engine, update
 
 from media_usage_orchestration.emdash_double.cms_writer import Collection
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import (
-    DeletionClaim,
-    DeletionPhase,
-    DeletionRepository,
-)
-from media_usage_orchestration.store.reconciliations import (
-    ReconciliationClaim,
-    ReconciliationRepository,
-)
-from media_usage_orchestration.store.work import WorkRecord, WorkRepository
+from media_usage_orchestration.store.deletion.records import DeletionClaim, DeletionPhase
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
+from media_usage_orchestration.store.reconciliation.records import ReconciliationClaim
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
+from media_usage_orchestration.store.work.records import WorkRecord
+from media_usage_orchestration.store.work.repository import WorkRepository
 from tests.support.deletions import tombstone
 from tests.support.factories import failed, insert_work, of
 from tests.support.states import backdate, make_collection, one, set_activation

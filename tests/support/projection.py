@@ -21,7 +21,7 @@ from media_usage_orchestration.emdash_double.sample_content import (
     sample_entry,
 )
 from media_usage_orchestration.media.sources import source_key
-from media_usage_orchestration.processing.work import process_due_batch
+from media_usage_orchestration.processing.work.processor import process_due_batch
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.sources.writes import SourceRepository
 from media_usage_orchestration.values.source_records import SourceRow

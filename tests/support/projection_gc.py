@@ -10,13 +10,13 @@ from ulid import ULID
 
 from media_usage_orchestration.emdash_double.aging import obsolete_rows
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing.projection_gc import (
+from media_usage_orchestration.processing.projection_gc.passes import (
     GcLimits,
     GcOutcome,
     GcResult,
     run_projection_gc,
 )
-from media_usage_orchestration.processing.work import process_due_batch
+from media_usage_orchestration.processing.work.processor import process_due_batch
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.clock import timestamp_offset
 from tests.support.projection import active_collection, image

@@ -29,10 +29,10 @@ from media_usage_orchestration.jobs import (
     media_usage_reconciliation,
 )
 from media_usage_orchestration.partitions import media_usage_collections
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.integrity.verify import verify_index
 from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
-from media_usage_orchestration.store.activation import read_activation
 from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.host.activation import read_activation
 from tests.support.sensor_loop import evaluate, resources, step_report
 from tests.support.states import count, one, status_row
 

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, Collection, FieldSpec
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.processing.reconciliation.steps import claim_collection
 from media_usage_orchestration.processing.reconciliation.tick import process_due_reconciliation
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.reconciliations import ReconciliationClaim
+from media_usage_orchestration.store.reconciliation.records import ReconciliationClaim
 from tests.support.states import (
     IMAGE_ONLY,
     all_rows,

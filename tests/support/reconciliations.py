@@ -11,10 +11,8 @@ from typing import Any
 
 from media_usage_orchestration.emdash_double.cms_writer import Collection, FieldSpec
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.reconciliations import (
-    ReconciliationClaim,
-    ReconciliationRepository,
-)
+from media_usage_orchestration.store.reconciliation.records import ReconciliationClaim
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 from tests.support.states import IMAGE_ONLY, make_collection, one, set_activation
 
 FINGERPRINT = "media-usage-fields:v1:sha256:" + "a" * 64

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from media_usage_orchestration.store.core.schema import collection_deletions, reconciliations
-from media_usage_orchestration.store.deletions import DeletionClaim
-from media_usage_orchestration.store.reconciliations import ReconciliationClaim
+from media_usage_orchestration.store.deletion.records import DeletionClaim
+from media_usage_orchestration.store.reconciliation.records import ReconciliationClaim
 from tests.support.factories import FUTURE, PAST, deletion_row, reconciliation_row
 
 STAMP = "2026-08-06T12:00:00.000Z"

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Engine, update
 
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.work import WorkLease
+from media_usage_orchestration.store.work.records import WorkLease
 from tests.support.states import one
 from tests.support.triggers import create_trigger
 

@@ -14,7 +14,7 @@ import dagster as dg
 
 from media_usage_orchestration.jobs import media_usage_work
 from media_usage_orchestration.resources.database import MediaUsageDatabase
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.work.repository import WorkRepository
 
 HOLD_LIMIT_SECONDS = 120
 

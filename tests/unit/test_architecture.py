@@ -10,20 +10,30 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = "media_usage_orchestration"
 ROOT = Path(__file__).resolve().parents[2] / PACKAGE
-# Besides store/, the resource that builds the engine and the EmDash double (which writes the
-# database as EmDash does) may name SQLAlchemy.
-SQLALCHEMY_ALLOWED = ("store/", "resources/database.py", "emdash_double/")
-# The three repositories that mirror EmDash's seed files keep the seeds' shape, whole.
-SEED_MIRRORS = {"store/work.py", "store/reconciliations.py", "store/deletions.py"}
+# Besides store/, the resource that builds the engine, the EmDash double (which writes the
+# database as EmDash does) and the bench's own SQL may name SQLAlchemy.
+SQLALCHEMY_ALLOWED = ("store/", "resources/database.py", "emdash_double/", "bench/sql/")
+# The workflows, named alike in every layer: a grep for one lands in its room of each.
+WORKFLOWS = ("work", "reconciliation", "deletion", "projection_gc")
+# The three repositories that mirror EmDash's seed files: each a room whose repository.py keeps
+# the seed's class whole.
+SEED_MIRRORS = {
+    "store/work/repository.py": "WorkRepository",
+    "store/reconciliation/repository.py": "ReconciliationRepository",
+    "store/deletion/repository.py": "DeletionRepository",
+}
+MAX_REPOSITORY_LINES = 1000
 MAX_MODULE_LINES = 800
-# store/'s rooms below its top, where the seed mirrors and the other repositories stand.
-STORE_ROOMS = {"core", "sources"}
+# store/ and processing/ are rooms only: nothing but the package's __init__ at their top.
+STORE_ROOMS = {*WORKFLOWS, "core", "sources", "host", "reads", "runs"}
+PROCESSING_ROOMS = {*WORKFLOWS, "loop", "lane", "integrity", "operator", "activation"}
 
 
 def _modules() -> dict[str, Path]:
@@ -121,12 +131,18 @@ def test_the_package_import_graph_has_no_cycle():
     assert _find_cycle(edges) is None
 
 
-def test_modules_stay_under_the_size_limit():
+def _is_repository(path: Path) -> bool:
+    return _relative(path).startswith("store/") and path.name == "repository.py"
+
+
+def test_modules_stay_under_their_size_limits():
+    """A repository module (a room's repository.py) holds about 1,000 lines at most, every
+    other module 800."""
     oversized = {
         _relative(path): lines
         for path in MODULES.values()
-        if (lines := len(path.read_text("utf-8").splitlines())) > MAX_MODULE_LINES
-        and _relative(path) not in SEED_MIRRORS
+        if (lines := len(path.read_text("utf-8").splitlines()))
+        > (MAX_REPOSITORY_LINES if _is_repository(path) else MAX_MODULE_LINES)
     }
     assert oversized == {}
 
@@ -191,13 +207,66 @@ def test_the_stores_core_room_is_its_floor():
     assert _imports_outside("store.core", ("store.core", "values")) == {}
 
 
-def test_the_store_is_in_its_rooms_with_the_seed_mirrors_at_its_top():
-    store = ROOT / "store"
-    rooms = {path.name for path in store.iterdir() if (path / "__init__.py").exists()}
-    assert rooms == STORE_ROOMS
+def _rooms(folder: str) -> tuple[set[str], set[str]]:
+    """The rooms (subpackages) of a folder, and the modules at its top besides __init__."""
+    top = ROOT / folder
+    rooms = {path.name for path in top.iterdir() if (path / "__init__.py").exists()}
+    modules = {path.name for path in top.glob("*.py") if path.name != "__init__.py"}
+    return rooms, modules
+
+
+@pytest.mark.parametrize(
+    ("folder", "expected"), [("store", STORE_ROOMS), ("processing", PROCESSING_ROOMS)]
+)
+def test_store_and_processing_are_rooms_only(folder, expected):
+    rooms, modules = _rooms(folder)
+    assert (rooms, modules) == (expected, set())
     for room in rooms:
-        assert not [p for p in (store / room).iterdir() if (p / "__init__.py").exists()], room
-    assert {mirror for mirror in SEED_MIRRORS if (ROOT / mirror).is_file()} == SEED_MIRRORS
+        assert _rooms(f"{folder}/{room}")[0] == set(), f"{folder}/{room} has a room inside"
+
+
+@pytest.mark.parametrize("workflow", WORKFLOWS)
+def test_a_workflow_has_its_same_named_room_in_every_layer(workflow):
+    homes = [f"ops/{workflow}.py", f"sensors/{workflow}.py", f"processing/{workflow}/__init__.py"]
+    homes.append(f"store/{workflow}/repository.py")
+    assert [home for home in homes if not (ROOT / home).is_file()] == []
+
+
+@pytest.mark.parametrize(("mirror", "seed_class"), sorted(SEED_MIRRORS.items()))
+def test_each_seed_mirror_keeps_the_seeds_class_whole_in_its_repository_module(mirror, seed_class):
+    tree = ast.parse((ROOT / mirror).read_text("utf-8"))
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    assert classes == [seed_class]
+
+
+def test_every_store_module_serves_the_product_not_only_the_bench():
+    """Bench-only SQL lives in bench/sql/: every store module is imported by some module of the
+    package outside bench/ (or is a room's package)."""
+    importers: dict[str, set[str]] = {}
+    for module in MODULES:
+        for name in _package_names(module):
+            importers.setdefault(name, set()).add(module)
+    bench_only = sorted(
+        _relative(path)
+        for module, path in MODULES.items()
+        if _in(module, "store")
+        and path.name != "__init__.py"
+        and not any(
+            not _in(importer, "bench", "store") for importer in _served_by(module, importers)
+        )
+    )
+    assert bench_only == []
+
+
+def _served_by(module: str, importers: dict[str, set[str]]) -> set[str]:
+    """The modules that import `module`, directly or through store modules that import it."""
+    found, frontier = set(), [module]
+    while frontier:
+        for importer in importers.get(frontier.pop(), set()) - found:
+            found.add(importer)
+            if _in(importer, "store"):
+                frontier.append(importer)
+    return found
 
 
 def test_only_the_demo_the_bench_and_the_local_lanes_import_the_emdash_double():
@@ -283,7 +352,7 @@ def test_nothing_below_ops_and_assets_imports_dagster():
 
 # The one module that defines the project's errors, and the one control-flow exception elsewhere.
 ERRORS_MODULE = "values/errors.py"
-NOT_AN_ERROR = {("ops/leased.py", "StepStopped")}
+NOT_AN_ERROR = {("dagster_kit/leased.py", "StepStopped")}
 
 
 def _exception_classes() -> set[tuple[str, str]]:
@@ -327,3 +396,151 @@ def test_errors_are_defined_only_in_the_errors_module():
     }
     assert outside == set()
     assert ("values/errors.py", "MediaUsageError") in _exception_classes()
+
+
+# --- the Dagster kit and the wiring's order ------------------------------------------------------
+
+WIRING = ("ops", "sensors", "assets", "resources", "schedules", "jobs", "definitions", "local")
+QUARANTINE = "dagster_kit/dagster_internals.py"
+
+
+def _folder(module: str) -> str:
+    """A module's top-level folder (or top-level module) inside the package."""
+    return module.removeprefix(f"{PACKAGE}.").split(".")[0]
+
+
+def _folder_edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for module, targets in _internal_edges().items():
+        if module == PACKAGE:
+            continue
+        source = _folder(module)
+        edges.setdefault(source, set())
+        edges[source] |= {_folder(t) for t in targets if t != PACKAGE and _folder(t) != source}
+    return edges
+
+
+def test_the_dagster_kit_imports_no_wiring():
+    """The kit stands between the wiring and the layers below: processing and the store."""
+    below = ("dagster_kit", "processing", "media", "store", "values")
+    assert _imports_outside("dagster_kit", below) == {}
+
+
+def test_the_wiring_shares_its_dagster_vocabulary_through_the_kit():
+    """ops/ holds ops only: sensors, assets, resources and the schedules import none of it but
+    the instance-pruning probe the schedule shares with its op."""
+    importers = {
+        _relative(path): sorted(name for name in _package_names(module) if _in(name, "ops"))
+        for module, path in MODULES.items()
+        if _in(module, "sensors", "assets", "resources", "dagster_kit")
+    }
+    assert {path: names for path, names in importers.items() if names} == {}
+    assert _folder_edges()["ops"] >= {"dagster_kit"}
+    for folder in ("sensors", "assets", "resources", "schedules"):
+        assert "dagster_kit" in _folder_edges()[folder], folder
+
+
+def test_the_package_has_no_cycle_between_its_folders():
+    assert _find_cycle(_folder_edges()) is None
+
+
+def _private_dagster_uses(path: Path) -> list[str]:
+    """`dagster._…` named anywhere in the module's text: imports, patch targets, config."""
+    return sorted(set(re.findall(r"\bdagster\._[\w.]*", path.read_text("utf-8"))))
+
+
+def test_only_the_quarantined_module_uses_dagster_internals():
+    outside = {
+        _relative(path): found
+        for path in MODULES.values()
+        if _relative(path) != QUARANTINE and (found := _private_dagster_uses(path))
+    }
+    assert outside == {}
+    assert _private_dagster_uses(ROOT / QUARANTINE), "the quarantine lists what it wraps"
+
+
+def _dagster_base_privates(node: ast.ClassDef) -> set[str]:
+    """The private attributes of the Dagster classes a class derives from (`dg.X`)."""
+    import dagster
+
+    found: set[str] = set()
+    for base in node.bases:
+        if (
+            isinstance(base, ast.Attribute)
+            and isinstance(base.value, ast.Name)
+            and base.value.id in ("dg", "dagster")
+        ):
+            base_class = getattr(dagster, base.attr)
+            found |= {name for name in dir(base_class) if _is_private(name)}
+    return found
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_class_outside_the_quarantine_overrides_a_private_dagster_method():
+    overrides = {
+        (_relative(path), node.name, item.name)
+        for path in MODULES.values()
+        if _relative(path) != QUARANTINE
+        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+        if isinstance(item, ast.FunctionDef) and item.name in _dagster_base_privates(node)
+    }
+    assert overrides == set()
+
+
+def test_the_private_override_check_sees_an_override():
+    source = "class R(dg.ConfigurableResource):\n    def _with_updated_values(self, v): ...\n"
+    node = ast.parse(source).body[0]
+    assert "_with_updated_values" in _dagster_base_privates(node)
+
+
+def _private_uses_across_modules(path: Path) -> set[str]:
+    """`Name._private` where `Name` was imported from another module of the package."""
+    tree = ast.parse(path.read_text("utf-8"))
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE)
+        for alias in node.names
+    }
+    return {
+        f"{node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in imported
+        and _is_private(node.attr)
+    }
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    found = {
+        _relative(path): sorted(uses)
+        for path in MODULES.values()
+        if (uses := _private_uses_across_modules(path))
+    }
+    assert found == {}
+
+
+def test_the_private_use_check_sees_a_private_method_of_an_imported_class(tmp_path):
+    module = tmp_path / "module.py"
+    module.write_text(
+        f"from {PACKAGE}.store.work.repository import WorkRepository\n"
+        "WorkRepository._operator_rows(None)\n"
+    )
+    assert _private_uses_across_modules(module) == {"WorkRepository._operator_rows"}
+
+
+def test_processing_reaches_no_wiring_even_transitively():
+    edges = _internal_edges()
+    reached, frontier = set(), [m for m in MODULES if _in(m, "processing")]
+    while frontier:
+        for target in edges[frontier.pop()] - reached:
+            reached.add(target)
+            frontier.append(target)
+    wiring = sorted(m for m in reached if _in(m, *WIRING, "dagster_kit", "emdash_double"))
+    assert wiring == []

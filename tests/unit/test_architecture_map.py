@@ -5,6 +5,7 @@ that exists, in one hop (`module.py: name`)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 from pathlib import Path
@@ -135,4 +136,68 @@ def test_every_python_home_in_the_map_exists():
         for module, attribute in found
         if not (ROOT / module).is_file() or not _resolves(module, attribute)
     ]
+    assert missing == []
+
+
+def _package_docstring_caption(package: Path) -> str:
+    """The first paragraph of a package's docstring, on one line."""
+    docstring = ast.get_docstring(ast.parse((package / "__init__.py").read_text("utf-8")))
+    assert docstring, f"{package} has no docstring"
+    return " ".join(docstring.split("\n\n")[0].split())
+
+
+def _map_captions() -> dict[str, str]:
+    """Folder → the paragraph under its `### \\`folder/\\`` heading in the modules section."""
+    section = _section("Modules, one line each")
+    found = re.findall(r"^### `([\w/]+/)`\n\n(.+?)\n\n", section, re.M | re.S)
+    return {folder: " ".join(caption.split()) for folder, caption in found}
+
+
+def _packages() -> dict[str, Path]:
+    packages = {f"{PACKAGE}/": ROOT}
+    for init in ROOT.rglob("__init__.py"):
+        if init.parent != ROOT:
+            packages[init.parent.relative_to(ROOT).as_posix() + "/"] = init.parent
+    return packages
+
+
+def test_every_folder_has_its_caption_and_it_is_its_package_docstring():
+    captions = _map_captions()
+    packages = _packages()
+    assert set(captions) == set(packages)
+    differing = {
+        folder: (captions[folder], _package_docstring_caption(path))
+        for folder, path in packages.items()
+        if captions[folder] != _package_docstring_caption(path)
+    }
+    assert differing == {}
+
+
+def test_each_module_is_listed_under_its_own_folder():
+    section = _section("Modules, one line each")
+    current, misplaced = None, []
+    for line in section.splitlines():
+        if heading := re.match(r"^### `([\w/]+/)`", line):
+            current = heading.group(1)
+        elif row := re.match(r"^\| `([\w/]+\.py)` \|", line):
+            folder = row.group(1).rpartition("/")[0] + "/" if "/" in row.group(1) else None
+            if folder != (current if current != f"{PACKAGE}/" else None):
+                misplaced.append(row.group(1))
+    assert misplaced == []
+
+
+# A room's records, guards and statements are read through its repository's conformance file.
+NOT_REPOSITORY_MODULES = {"records.py", "guards.py", "statements.py"}
+
+
+def test_every_repository_module_has_its_conformance_file():
+    conformance = REPOSITORY / "tests" / "conformance"
+    missing = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "store").rglob("*.py")
+        if path.name != "__init__.py"
+        and path.name not in NOT_REPOSITORY_MODULES
+        and path.parent.name != "core"
+        and not (conformance / path.parent.name / f"test_{path.name}").is_file()
+    )
     assert missing == []

@@ -16,9 +16,9 @@ import yaml
 
 from media_usage_orchestration import definitions
 from media_usage_orchestration.assets.health import RUN_START_GRACE_SECONDS
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_TAG, QUEUE_TAG
 from media_usage_orchestration.jobs import media_usage_reconciliation, media_usage_work
 from media_usage_orchestration.ops.instance_pruning import PruneInstanceConfig
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, QUEUE_TAG
 from media_usage_orchestration.resources.automation import MediaUsageAutomation
 from media_usage_orchestration.sensors.alerts import ALERT_SENSOR_INTERVAL_SECONDS
 from media_usage_orchestration.sensors.work import HANDOVER_LEAD_SECONDS
@@ -172,3 +172,21 @@ def test_the_handover_lead_the_readme_states_is_the_sensors():
     assert f"in the last {HANDOVER_LEAD_SECONDS:g} s of its budget" in README
     assert f"in the last {HANDOVER_LEAD_SECONDS:g} s of its budget" in GUIDE
     assert f"in its budget's last {HANDOVER_LEAD_SECONDS:g} s" in GUIDE
+
+
+def _layout_block() -> str:
+    start = README.index("## Layout")
+    return README[README.index("```", start) : README.index("```", README.index("```", start) + 3)]
+
+
+def test_the_layout_names_every_folder_and_every_room_of_store_and_processing():
+    layout = _layout_block()
+    package = ROOT / PACKAGE
+    # bench/ is named on the command's line (`bench/ the benchmark`).
+    folders = {p.parent.name for p in package.glob("*/__init__.py")} - {"bench"}
+    assert {f for f in folders if not re.search(rf"^  {f}/ ", layout, re.M)} == set()
+    for layer in ("store", "processing"):
+        rooms = {p.parent.name for p in (package / layer).glob("*/__init__.py")}
+        block = layout[layout.index(f"  {layer}/") :]
+        block = block[: re.search(r"\n  \S", block[3:]).start() + 3]
+        assert {room for room in rooms if f"{room}/" not in block} == set(), layer

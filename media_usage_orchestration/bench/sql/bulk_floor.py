@@ -32,11 +32,6 @@ from sqlalchemy import (
     update,
 )
 
-from media_usage_orchestration.store.content import (
-    ContentFields,
-    content_rows_query,
-    load_revisions,
-)
 from media_usage_orchestration.store.core.clock import lease_live_at_clock, now, timestamp_offset
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.core.json_rows import JsonRows
@@ -49,6 +44,11 @@ from media_usage_orchestration.store.core.schema import (
     reconciliations,
     sources,
     work,
+)
+from media_usage_orchestration.store.host.content import (
+    ContentFields,
+    content_rows_query,
+    load_revisions,
 )
 from media_usage_orchestration.store.sources.rows import content_table, execute_many
 from media_usage_orchestration.values.errors import FloorLeaseLost

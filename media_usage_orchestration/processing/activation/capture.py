@@ -13,15 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from media_usage_orchestration.store import activation as store
-from media_usage_orchestration.store import status as status_store
 from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     install_capture_triggers,
     verify_capture_triggers,
 )
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.registry import list_collections
+from media_usage_orchestration.store.host import activation as store
+from media_usage_orchestration.store.host import status as status_store
+from media_usage_orchestration.store.host.registry import list_collections
 from media_usage_orchestration.values.errors import ActivationError
 
 COLLECTIONS_PER_STEP = 1

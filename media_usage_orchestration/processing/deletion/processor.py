@@ -24,32 +24,37 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from media_usage_orchestration.processing.retry_policy import DELETION_RETRY
-from media_usage_orchestration.store.activation import (
-    read_activation_state,
-    writable_activation_state,
-)
+from media_usage_orchestration.processing.loop.retry_policy import DELETION_RETRY
 from media_usage_orchestration.store.core.capture_triggers import (
     CaptureIdentity,
     verify_capture_triggers,
 )
 from media_usage_orchestration.store.core.engine import Connection, Engine, read_transaction
 from media_usage_orchestration.store.core.leases import LeaseState, bounded_limit, require_flag
-from media_usage_orchestration.store.deletions import (
-    ROWS_PER_BATCH,
-    DeletionClaim,
-    DeletionLease,
-    DeletionPhase,
-    DeletionRecord,
-    DeletionRepository,
-    GuardAction,
-    GuardOutcome,
+from media_usage_orchestration.store.deletion.local_guard import (
     delete_collection_synchronously,
     execute_local_deletion_guard,
     read_capture_state,
     table_has_live_content,
 )
-from media_usage_orchestration.store.registry import collection_identity_exists, read_collection_id
+from media_usage_orchestration.store.deletion.records import (
+    ROWS_PER_BATCH,
+    DeletionClaim,
+    DeletionLease,
+    DeletionPhase,
+    DeletionRecord,
+    GuardAction,
+    GuardOutcome,
+)
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
+from media_usage_orchestration.store.host.activation import (
+    read_activation_state,
+    writable_activation_state,
+)
+from media_usage_orchestration.store.host.registry import (
+    collection_identity_exists,
+    read_collection_id,
+)
 from media_usage_orchestration.values.errors import (
     CollectionHasContentError,
     CollectionNotFoundError,

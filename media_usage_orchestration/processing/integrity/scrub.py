@@ -33,20 +33,20 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from media_usage_orchestration.media.fields import FieldDiscovery
-from media_usage_orchestration.processing.operator import retry_entry_work
-from media_usage_orchestration.processing.run_loop import Budget
-from media_usage_orchestration.processing.usage import coverage_status
-from media_usage_orchestration.processing.verify import (
+from media_usage_orchestration.processing.integrity.verify import (
     Difference,
     DriftKind,
     discover_fields,
     entry_differences,
     read_stored_index,
 )
-from media_usage_orchestration.store import audit
-from media_usage_orchestration.store.content import content_rows, content_rows_query
+from media_usage_orchestration.processing.loop.run_loop import Budget
+from media_usage_orchestration.processing.operator.actions import retry_entry_work
+from media_usage_orchestration.processing.operator.usage import coverage_status
 from media_usage_orchestration.store.core.engine import Connection, Engine, read_transaction
-from media_usage_orchestration.store.registry import RegisteredCollection
+from media_usage_orchestration.store.host.content import content_rows, content_rows_query
+from media_usage_orchestration.store.host.registry import RegisteredCollection
+from media_usage_orchestration.store.reads import audit
 from media_usage_orchestration.store.sources.usage import CoverageScope
 from media_usage_orchestration.store.sources.writes import SourceRepository
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome

@@ -25,11 +25,11 @@ from media_usage_orchestration.media.extraction import OCCURRENCE_COLUMNS
 from media_usage_orchestration.media.fields import FieldDiscovery
 from media_usage_orchestration.media.snapshots import SnapshotResult, build_content_snapshots
 from media_usage_orchestration.media.sources import SOURCE_COLUMNS, ContentSource
-from media_usage_orchestration.processing.content_reads import load_fields
-from media_usage_orchestration.store import audit
-from media_usage_orchestration.store.content import content_rows_query
+from media_usage_orchestration.processing.work.content_reads import load_fields
 from media_usage_orchestration.store.core.engine import Connection, Engine
-from media_usage_orchestration.store.reconciliations import PROCESSING_FAILED_CODE
+from media_usage_orchestration.store.host.content import content_rows_query
+from media_usage_orchestration.store.reads import audit
+from media_usage_orchestration.store.reconciliation.records import PROCESSING_FAILED_CODE
 from media_usage_orchestration.values.errors import (
     InvalidIdentifierError,
     MediaUsageFieldDiscoveryError,

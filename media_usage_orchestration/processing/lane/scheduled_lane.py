@@ -23,13 +23,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from media_usage_orchestration.processing.deletion import DeletionTickResult, process_due_deletions
+from media_usage_orchestration.processing.deletion.processor import (
+    DeletionTickResult,
+    process_due_deletions,
+)
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationTickResult
 from media_usage_orchestration.processing.reconciliation.tick import process_due_reconciliation
-from media_usage_orchestration.processing.work import WorkTickResult, process_due_work
-from media_usage_orchestration.store.activation import rotate_maintenance_turn
+from media_usage_orchestration.processing.work.processor import WorkTickResult, process_due_work
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.core.leases import non_negative_whole
+from media_usage_orchestration.store.host.activation import rotate_maintenance_turn
 
 # EmDash's MEDIA_USAGE_MAINTENANCE_QUERY_RESERVATIONS: the largest class may send 30 statements
 # and one lane event at most 40.

@@ -1,4 +1,4 @@
-"""A run's heartbeat: the run lease (`store/run_leases.py`) kept alive from a thread of the run
+"""A run's heartbeat: the run lease (`store/runs/run_leases.py`) kept alive from a thread of the run
 worker for as long as its process lives.
 
 The lease lasts `RUN_LEASE_SECONDS` and is renewed every `HEARTBEAT_SECONDS` (a sixth of it,
@@ -28,7 +28,7 @@ from media_usage_orchestration.store.core.engine import (
     SQLAlchemyError,
     is_missing_table,
 )
-from media_usage_orchestration.store.run_leases import (
+from media_usage_orchestration.store.runs.run_leases import (
     RunLease,
     begin_run_lease,
     end_run_lease,

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from media_usage_orchestration.processing.work import (
+from media_usage_orchestration.processing.work.processor import (
     WorkBatchResult,
     WorkCounts,
     process_due_batch,
 )
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.probes import CollectionWork, collection_work_state
+from media_usage_orchestration.store.reads.probes import CollectionWork, collection_work_state
 
 L = TypeVar("L")
 R = TypeVar("R")

@@ -20,19 +20,17 @@ from typing import Any
 
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.core.leases import LeaseState, bounded_limit
-from media_usage_orchestration.store.coverage import CollectionCoverage, read_all_coverage
-from media_usage_orchestration.store.deletions import (
-    DeletionPage,
-    DeletionRepository,
-    OperatorDeletionItem,
-)
-from media_usage_orchestration.store.reconciliations import (
+from media_usage_orchestration.store.deletion.records import DeletionPage, OperatorDeletionItem
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
+from media_usage_orchestration.store.host.registry import read_collection_id
+from media_usage_orchestration.store.reads.coverage import CollectionCoverage, read_all_coverage
+from media_usage_orchestration.store.reconciliation.records import (
     ReconciliationPhase,
     ReconciliationRecord,
-    ReconciliationRepository,
 )
-from media_usage_orchestration.store.registry import read_collection_id
-from media_usage_orchestration.store.work import OperatorPage, OperatorWorkItem, WorkRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
+from media_usage_orchestration.store.work.records import OperatorPage, OperatorWorkItem
+from media_usage_orchestration.store.work.repository import WorkRepository
 from media_usage_orchestration.values.cursors import decode_cursor
 from media_usage_orchestration.values.errors import InvalidCursorError, OperatorInputError
 from media_usage_orchestration.values.identifiers import validate_identifier
@@ -231,9 +229,7 @@ def retry_entry_work(engine: Engine, collection_id: str, content_id: str) -> Ret
 
 def _retry_work(repository: WorkRepository, collection_id: str, content_id: str) -> RetryReport:
     result = repository.retry_operator_work(collection_id, content_id)
-    return RetryReport(
-        result.outcome.reported, result.changed, result.lease_expires_at, result.work
-    )
+    return RetryReport(result.outcome.reported, result.changed, result.lease_expires_at, result.row)
 
 
 def retry_failed_work(
@@ -283,9 +279,7 @@ def retry_deletion(
             return RetryReport(OperatorRetryOutcome.NOT_FOUND)
         collection_id = record.collection_id
     result = repository.retry_operator_deletion(_text(collection_id, "collection ID"))
-    return RetryReport(
-        result.outcome.reported, result.changed, result.lease_expires_at, result.item
-    )
+    return RetryReport(result.outcome.reported, result.changed, result.lease_expires_at, result.row)
 
 
 # --- reconciliations --------------------------------------------------------------------------
@@ -306,7 +300,7 @@ def retry_reconciliation(engine: Engine, collection: str) -> RetryReport:
     fresh scan; a pending one is already queued (conflict), a live lease is never taken."""
     collection_id = registered_collection_id(engine, collection)
     result = ReconciliationRepository(engine).retry_failed_by_operator(collection_id)
-    item = _reconciliation_item(result.record) if result.record is not None else None
+    item = _reconciliation_item(result.row) if result.row is not None else None
     return RetryReport(result.outcome.reported, result.changed, result.lease_expires_at, item)
 
 

@@ -19,7 +19,7 @@ from media_usage_orchestration.media.sources import (
     CONTENT_SOURCE_SCHEMA_VERSION,
     DRAFT_OVERLAY,
 )
-from media_usage_orchestration.processing.operator import listing_limit
+from media_usage_orchestration.processing.operator.actions import listing_limit
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.sources.usage import (
     CoverageScope,

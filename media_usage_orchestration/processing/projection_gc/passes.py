@@ -24,9 +24,9 @@ from enum import StrEnum
 
 from ulid import ULID
 
-from media_usage_orchestration.processing.run_loop import Budget
+from media_usage_orchestration.processing.loop.run_loop import Budget
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.sources.projection_gc import (
+from media_usage_orchestration.store.projection_gc.repository import (
     DELETE_BATCH_SIZE,
     GcCandidate,
     GcClaim,

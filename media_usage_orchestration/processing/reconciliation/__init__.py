@@ -1,5 +1,8 @@
-"""Collection reconciliation (spec 6.3), Dagster-free. Import from the module that owns what
-you need:
+"""Collection reconciliation (spec 6.3): the coordinator's guarded transitions, the op graph's
+steps and the walks over them, EmDash's one-step tick, maintenance of every coordinator, and a
+whole reconciliation in one call.
+
+Import from the module that owns what you need:
 
 - `model`: limits, error codes, outcomes and step results;
 - `machine`: the coordinator's guarded transitions, shared by the two drivers below;

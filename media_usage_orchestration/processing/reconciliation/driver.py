@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from enum import StrEnum
 
+from media_usage_orchestration.processing.loop.run_loop import Budget, Paging, PagingEnd
 from media_usage_orchestration.processing.reconciliation import steps, walks
 from media_usage_orchestration.processing.reconciliation.model import (
     DRAIN_BATCH_SIZE,
@@ -19,9 +20,8 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ReconciliationOutcome,
     ScanOutcome,
 )
-from media_usage_orchestration.processing.run_loop import Budget, Paging, PagingEnd
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.reconciliations import ReconciliationClaim
+from media_usage_orchestration.store.reconciliation.records import ReconciliationClaim
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from media_usage_orchestration.media.fields import FieldDiscovery
 from media_usage_orchestration.media.fingerprints import field_fingerprint
 from media_usage_orchestration.media.sources import CONTENT_SOURCE_SCHEMA_VERSION, SOURCE_VARIANTS
-from media_usage_orchestration.processing.content_reads import read_fields
 from media_usage_orchestration.processing.reconciliation.model import (
     INVALID_SOURCE,
     LEASE_DURATION_SECONDS,
@@ -22,20 +21,21 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ReconciliationOutcome,
     ScanOutcome,
 )
+from media_usage_orchestration.processing.work.content_reads import read_fields
 from media_usage_orchestration.store.core.engine import (
     Connection,
     Engine,
     guarded_writes_together,
 )
-from media_usage_orchestration.store.reconciliations import (
+from media_usage_orchestration.store.reconciliation.records import (
     ReconciliationClaim,
     ReconciliationPhase,
     ReconciliationRecord,
-    ReconciliationRepository,
     SourceCandidate,
     WorkBarrierState,
 )
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
+from media_usage_orchestration.store.work.repository import WorkRepository
 from media_usage_orchestration.values.records import record_from_record
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from media_usage_orchestration.processing.reconciliation import machine
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
-from media_usage_orchestration.processing.work import capture_is_active
+from media_usage_orchestration.processing.work.processor import capture_is_active
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.reconciliations import ReconciliationRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 
 SETTLE_LIMIT = 100
 SETTLE_COUNTS = ("obsolete_deleted", "failed_published", "failed_reset", "stuck_pinned", "seeded")

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from media_usage_orchestration.store.reconciliations import (
+from media_usage_orchestration.store.reconciliation.records import (
     DEFAULT_LEASE_SECONDS,
     ENTRY_FAILED_CODE,
     ReconciliationClaim,
 )
-from media_usage_orchestration.store.work import MAX_WORK_SELECTION_LIMIT
+from media_usage_orchestration.store.work.records import MAX_WORK_SELECTION_LIMIT
 
 CANDIDATES_PER_TICK = 4
 PAGE_SIZE = 50

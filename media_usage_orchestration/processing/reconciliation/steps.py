@@ -15,7 +15,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from media_usage_orchestration.processing.phases import phase
+from media_usage_orchestration.processing.loop.phases import phase
+from media_usage_orchestration.processing.loop.retry_policy import RECONCILIATION_RETRY
 from media_usage_orchestration.processing.reconciliation import machine
 from media_usage_orchestration.processing.reconciliation.machine import RunFields
 from media_usage_orchestration.processing.reconciliation.model import (
@@ -27,17 +28,16 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ScanOutcome,
     StepResult,
 )
-from media_usage_orchestration.processing.retry_policy import RECONCILIATION_RETRY
-from media_usage_orchestration.processing.work import capture_is_active
+from media_usage_orchestration.processing.work.processor import capture_is_active
 from media_usage_orchestration.store.core.engine import Engine
 from media_usage_orchestration.store.core.leases import LeaseState
-from media_usage_orchestration.store.reconciliations import (
+from media_usage_orchestration.store.reconciliation.records import (
     ReconciliationClaim,
     ReconciliationPhase,
     ReconciliationRecord,
-    ReconciliationRepository,
     WorkBarrier,
 )
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 from media_usage_orchestration.values.identifiers import require_text
 
 

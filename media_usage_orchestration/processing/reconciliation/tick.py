@@ -20,14 +20,14 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ScanOutcome,
 )
 from media_usage_orchestration.processing.reconciliation.steps import record_step_failure
-from media_usage_orchestration.processing.work import capture_is_active
+from media_usage_orchestration.processing.work.processor import capture_is_active
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.reconciliations import (
+from media_usage_orchestration.store.reconciliation.records import (
     ReconciliationClaim,
     ReconciliationPhase,
     ReconciliationRecord,
-    ReconciliationRepository,
 )
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from media_usage_orchestration.processing.phases import phase
+from media_usage_orchestration.processing.loop.phases import phase
+from media_usage_orchestration.processing.loop.run_loop import (
+    Budget,
+    Page,
+    Paging,
+    PagingEnd,
+    page_until_done,
+)
 from media_usage_orchestration.processing.reconciliation import steps
 from media_usage_orchestration.processing.reconciliation.model import (
     CONTINUE_DELAY_SECONDS,
@@ -21,17 +28,13 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ReconciliationOutcome,
     ScanOutcome,
 )
-from media_usage_orchestration.processing.run_loop import (
-    Budget,
-    Page,
-    Paging,
-    PagingEnd,
-    page_until_done,
-)
-from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
+from media_usage_orchestration.processing.work.processor import WorkBatchResult, process_due_batch
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.reconciliations import ReconciliationClaim, WorkBarrierState
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.reconciliation.records import (
+    ReconciliationClaim,
+    WorkBarrierState,
+)
+from media_usage_orchestration.store.work.repository import WorkRepository
 
 PageOutcome = ScanOutcome | ReconciliationOutcome
 # How often a drain whose remaining items are leased by other claimers looks again.

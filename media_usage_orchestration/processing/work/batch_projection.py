@@ -43,10 +43,10 @@ from media_usage_orchestration.media.projection import (
 )
 from media_usage_orchestration.media.snapshots import build_content_snapshots
 from media_usage_orchestration.media.sources import ContentSource
-from media_usage_orchestration.processing.content_reads import load_fields
-from media_usage_orchestration.store.content import content_rows, load_revisions
+from media_usage_orchestration.processing.work.content_reads import load_fields
 from media_usage_orchestration.store.core.engine import Engine, read_transaction
-from media_usage_orchestration.store.registry import collection_identity_exists
+from media_usage_orchestration.store.host.content import content_rows, load_revisions
+from media_usage_orchestration.store.host.registry import collection_identity_exists
 from media_usage_orchestration.store.sources.batch_writes import (
     BatchWriteResult,
     Publication,

@@ -13,8 +13,8 @@ from media_usage_orchestration.media.snapshots import (
     SnapshotResult,
     build_content_snapshots,
 )
-from media_usage_orchestration.store.content import content_row, field_rows, load_revision
 from media_usage_orchestration.store.core.engine import Connection, Engine, read_transaction
+from media_usage_orchestration.store.host.content import content_row, field_rows, load_revision
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Three drivers share one post-claim step (`process_claimed`): EmDash's bounded ti
 (`process_due_work`), the inline path after a content write (`process_work_after_write`), and
 a batch path for jobs that claims several rows per statement (`process_due_batch`).
 
-The batch path projects each collection's claimed jobs in bulk (`processing/batch_projection.py`):
+The batch path projects each collection's claimed jobs in bulk (`processing/work/batch_projection.py`):
 a fixed number of statements per batch - one read transaction, the guarded writes (statements
 of their own, removals in one transaction), one completion statement, one coverage update -
 where one by one each job costs about 17; no transaction stays open across the batch's Python
@@ -55,21 +55,23 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, astuple, dataclass, field, replace
 from enum import StrEnum
 
-from media_usage_orchestration.processing.batch_projection import refresh_contents_for_work
-from media_usage_orchestration.processing.projection import (
+from media_usage_orchestration.processing.loop.retry_policy import WORK_RETRY
+from media_usage_orchestration.processing.work.batch_projection import refresh_contents_for_work
+from media_usage_orchestration.processing.work.projection import (
     RefreshErrorCode,
     refresh_content_for_work,
 )
-from media_usage_orchestration.processing.retry_policy import WORK_RETRY
-from media_usage_orchestration.store import status as status_store
-from media_usage_orchestration.store.activation import capture_active
 from media_usage_orchestration.store.core.engine import (
     Engine,
     read_transaction,
     single_statement,
 )
-from media_usage_orchestration.store.registry import read_collection_identity_exists
-from media_usage_orchestration.store.work import WorkRecord, WorkRepository, complete_leases
+from media_usage_orchestration.store.host import status as status_store
+from media_usage_orchestration.store.host.activation import capture_active
+from media_usage_orchestration.store.host.registry import read_collection_identity_exists
+from media_usage_orchestration.store.work.records import WorkRecord
+from media_usage_orchestration.store.work.repository import WorkRepository
+from media_usage_orchestration.store.work.statements import complete_leases
 
 CANDIDATES_PER_TICK = 4
 JOBS_PER_TICK = 1

@@ -24,9 +24,9 @@ from media_usage_orchestration.media.projection import (
 )
 from media_usage_orchestration.media.snapshots import SnapshotError, SnapshotResult
 from media_usage_orchestration.media.sources import ContentSource
-from media_usage_orchestration.processing.content_reads import load_content_snapshots
+from media_usage_orchestration.processing.work.content_reads import load_content_snapshots
 from media_usage_orchestration.store.core.engine import Engine
-from media_usage_orchestration.store.registry import read_collection_identity_exists
+from media_usage_orchestration.store.host.registry import read_collection_identity_exists
 from media_usage_orchestration.store.sources.writes import SourceRepository
 from media_usage_orchestration.values.source_records import DeletionMeasurement, SourceRow
 

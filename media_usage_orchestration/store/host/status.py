@@ -25,8 +25,8 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.sql.elements import ColumnElement
 
-from media_usage_orchestration.store.activation import RUNTIME_GENERATION, activation_lease_is_held
 from media_usage_orchestration.store.core.clock import now
 from media_usage_orchestration.store.core.engine import single_statement
 from media_usage_orchestration.store.core.predicates import (
@@ -42,6 +42,10 @@ from media_usage_orchestration.store.core.schema import (
     index_status,
     reconciliations,
     work,
+)
+from media_usage_orchestration.store.host.activation import (
+    RUNTIME_GENERATION,
+    activation_lease_is_held,
 )
 from media_usage_orchestration.values.errors import LifecycleConflictError
 from media_usage_orchestration.values.identifiers import validate_error_code
@@ -79,7 +83,10 @@ def prepare_for_activation(
     were never recorded, so only a full reconciliation can trust the index again.
     """
     was_trusted = index_status.c.status.in_(("complete", "running"))
-    statement = _insert_installing(connection, collection_id, slug)
+    # The lease guards the INSERT too: with no row yet, a caller that lost the lease inserts
+    # nothing (and is refused below), as the ON CONFLICT update refuses it on an existing row.
+    held = activation_lease_is_held(lease_token)
+    statement = _insert_installing(connection, collection_id, slug, guard=held)
     statement = statement.on_conflict_do_update(
         index_elements=["adapter_id", "scope_type", "scope_key"],
         set_={
@@ -97,7 +104,7 @@ def prepare_for_activation(
                 index_status.c.collection_id == collection_id,
             ),
             or_(index_status.c.capture_state.is_(None), index_status.c.capture_state != "deleting"),
-            activation_lease_is_held(lease_token),
+            held,
         ),
     ).returning(index_status.c.collection_id)
     bound = connection.execute(statement).scalar_one_or_none()
@@ -130,19 +137,35 @@ def insert_installing_for_new_collection(
     )
 
 
-def _insert_installing(connection: Connection, collection_id: str, slug: str, **extra: Any):
-    """INSERT of a collection's status row as never reconciled, untrusted and `installing`."""
-    return dialect_insert(connection, index_status).values(
-        adapter_id=CONTENT_ADAPTER_ID,
-        scope_type=COLLECTION_SCOPE,
-        scope_key=slug,
-        status="never",
-        collection_id=collection_id,
-        reconciliation_required=1,
-        capture_state="installing",
-        updated_at=now(),
+def _insert_installing(
+    connection: Connection,
+    collection_id: str,
+    slug: str,
+    *,
+    guard: ColumnElement[bool] | None = None,
+    **extra: Any,
+):
+    """INSERT of a collection's status row as never reconciled, untrusted and `installing`;
+    with `guard`, an INSERT ... SELECT that inserts only while the guard holds."""
+    values = {
+        "adapter_id": CONTENT_ADAPTER_ID,
+        "scope_type": COLLECTION_SCOPE,
+        "scope_key": slug,
+        "status": "never",
+        "collection_id": collection_id,
+        "reconciliation_required": 1,
+        "capture_state": "installing",
+        "updated_at": now(),
         **extra,
-    )
+    }
+    insert = dialect_insert(connection, index_status)
+    if guard is None:
+        return insert.values(**values)
+    row = [
+        value if isinstance(value, ColumnElement) else literal(value, index_status.c[name].type)
+        for name, value in values.items()
+    ]
+    return insert.from_select(list(values), select(*row).where(guard))
 
 
 def mark_capture_ready(connection: Connection, collection_id: str, slug: str) -> None:

@@ -40,7 +40,7 @@ from media_usage_orchestration.store.core.schema import (
     sources,
     work,
 )
-from media_usage_orchestration.store.registry import RegisteredCollection
+from media_usage_orchestration.store.host.registry import RegisteredCollection
 from media_usage_orchestration.values.identifiers import content_table_name
 from media_usage_orchestration.values.source_records import (
     CANONICAL_IDENTITY_VERSION,

@@ -27,7 +27,7 @@ from media_usage_orchestration.store.core.schema import (
     sources,
     work,
 )
-from media_usage_orchestration.store.reconciliations import PROCESSING_FAILED_CODE
+from media_usage_orchestration.store.reconciliation.records import PROCESSING_FAILED_CODE
 from media_usage_orchestration.values.errors import InvalidIdentifierError
 from media_usage_orchestration.values.identifiers import content_table_name
 from media_usage_orchestration.values.records import optional, record_from_row

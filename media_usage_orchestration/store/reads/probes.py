@@ -24,7 +24,6 @@ from sqlalchemy import (
     union_all,
 )
 
-from media_usage_orchestration.store.activation import read_activation
 from media_usage_orchestration.store.core.clock import (
     is_due,
     is_due_at_clock,
@@ -49,18 +48,20 @@ from media_usage_orchestration.store.core.schema import (
     reconciliations,
     work,
 )
-from media_usage_orchestration.store.deletions import DeletionPhase, find_due_statement
-from media_usage_orchestration.store.reconciliations import (
-    MAX_CANDIDATES,
-    find_failed_statement,
-    find_stuck_failed_statement,
-    needs_reconciliation_row,
-    oldest_obsolete_statement,
-)
-from media_usage_orchestration.store.sources.projection_gc import (
+from media_usage_orchestration.store.deletion.records import DeletionPhase
+from media_usage_orchestration.store.deletion.statements import find_due_statement
+from media_usage_orchestration.store.host.activation import read_activation
+from media_usage_orchestration.store.projection_gc.repository import (
     ProjectionGcRepository,
     scan_window_statement,
     task_is_claimable,
+)
+from media_usage_orchestration.store.reconciliation.guards import needs_reconciliation_row
+from media_usage_orchestration.store.reconciliation.records import MAX_CANDIDATES
+from media_usage_orchestration.store.reconciliation.statements import (
+    find_failed_statement,
+    find_stuck_failed_statement,
+    oldest_obsolete_statement,
 )
 from media_usage_orchestration.values.records import record_from_row
 

@@ -35,9 +35,10 @@ from media_usage_orchestration.store.core.clock import is_due, seconds_between, 
 from media_usage_orchestration.store.core.engine import read_transaction
 from media_usage_orchestration.store.core.leases import LeaseState, bounded_limit, lease_has_expired
 from media_usage_orchestration.store.core.schema import collection_deletions, collections, work
-from media_usage_orchestration.store.probes import first_due_row
-from media_usage_orchestration.store.registry import RegisteredCollection
-from media_usage_orchestration.store.work import OperatorWorkItem, WorkRepository
+from media_usage_orchestration.store.host.registry import RegisteredCollection
+from media_usage_orchestration.store.reads.probes import first_due_row
+from media_usage_orchestration.store.work.records import OperatorWorkItem, records_of
+from media_usage_orchestration.store.work.statements import operator_rows_statement
 
 COUNT_LIMIT = 500
 MAX_QUEUE_COLLECTIONS = 100
@@ -152,9 +153,10 @@ def _newest_failed(
 ) -> tuple[OperatorWorkItem, ...]:
     """What `work list --state failed` shows first: the newest failures, through the operator
     index."""
-    records = WorkRepository._operator_rows(
-        connection, collection, LeaseState.FAILED, FAILED_ITEMS_SHOWN, None
+    statement = operator_rows_statement(
+        collection.id, collection.slug, LeaseState.FAILED, FAILED_ITEMS_SHOWN, None
     )
+    records = records_of(connection.execute(statement))
     return tuple(OperatorWorkItem.from_record(record) for record in records[:FAILED_ITEMS_SHOWN])
 
 

@@ -1,7 +1,7 @@
 """Run leases (`_muo_run_leases`): which Dagster runs executing against this database are alive.
 
 A run worker takes its run's lease when its run starts and renews it every few seconds while
-its process lives (`processing/run_heartbeat.py`); it gives it up when the run ends. A worker
+its process lives (`processing/loop/run_heartbeat.py`); it gives it up when the run ends. A worker
 that dies (SIGKILL, OOM, its container or its code server gone) stops renewing, and its lease
 expires on the database clock. The run-health sensor reads the leases of the runs Dagster
 still records in flight and fails those whose lease expired, so a dead run never holds its

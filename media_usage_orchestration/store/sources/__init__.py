@@ -1,2 +1,2 @@
-"""The source write family: reads and guards both write protocols share, the single-source and
-batch writes, the cleanup fence, projection GC and the usage reader."""
+"""The source write family and its read side: reads and guards both write protocols share, the
+single-source and batch writes, and the usage reader."""

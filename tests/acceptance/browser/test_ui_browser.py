@@ -42,7 +42,7 @@ from media_usage_orchestration.resources.database import MediaUsageDatabase
 from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 from media_usage_orchestration.sensors.queue import media_usage_queue_sensor
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
-from media_usage_orchestration.store.registry import read_collection_id
+from media_usage_orchestration.store.host.registry import read_collection_id
 from tests.dagster.test_coverage_check import SHOWN
 from tests.dagster.test_webserver_smoke import INSTANCE_YAML, running_webserver
 from tests.support.browser import (

@@ -7,7 +7,7 @@ import pytest
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import DeletionPhase
+from media_usage_orchestration.store.deletion.records import DeletionPhase
 from tests.support.cli import (
     EXIT_OK,
     EXIT_PROBLEM,

@@ -8,8 +8,8 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing import verify as verify_module
-from media_usage_orchestration.processing.verify import DriftKind, verify_index
+from media_usage_orchestration.processing.integrity import verify as verify_module
+from media_usage_orchestration.processing.integrity.verify import DriftKind, verify_index
 from media_usage_orchestration.store.core import schema
 from tests.conformance.processing.test_verify import drain
 from tests.support.cli import EXIT_OK, EXIT_PROBLEM, invoke, invoke_json, trusted_collection

@@ -8,7 +8,7 @@ from sqlalchemy.engine import make_url
 
 from media_usage_orchestration.console import status_table
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.processing.reconciliation import driver
 from media_usage_orchestration.store.core import schema
 from tests.support.cli import (

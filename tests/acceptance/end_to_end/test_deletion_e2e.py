@@ -16,15 +16,16 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS, sample_entries
 from media_usage_orchestration.local.in_process_lane import RUN_KEY_TAG
-from media_usage_orchestration.processing import deletion as processing
+from media_usage_orchestration.processing.deletion import processor as processing
+from media_usage_orchestration.processing.integrity.verify import verify_index
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
-from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import process_due_batch
+from media_usage_orchestration.processing.work.processor import process_due_batch
 from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV
-from media_usage_orchestration.store.deletions import DeletionPhase, DeletionRepository
+from media_usage_orchestration.store.deletion.records import DeletionPhase
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
 from tests.support.deletion_runs import (
     COLLECTION_ID_TAG,
     DELETION_JOB,

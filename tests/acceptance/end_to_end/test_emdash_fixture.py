@@ -21,8 +21,8 @@ from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldS
 from media_usage_orchestration.jobs import media_usage_activation
 from media_usage_orchestration.media.fingerprints import field_fingerprint
 from media_usage_orchestration.partitions import media_usage_collections
-from media_usage_orchestration.processing.content_reads import load_fields
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.work.content_reads import load_fields
 from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor
 from media_usage_orchestration.sensors.work import media_usage_work_sensor
 from media_usage_orchestration.store.core import schema

@@ -11,6 +11,7 @@ from dagster._core.remote_origin import (
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from sqlalchemy import text
 
+from media_usage_orchestration.dagster_kit.run_tags import COLLECTION_TAG, OUTCOME_TAG
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import (
     MEDIA_FIELDS,
@@ -20,8 +21,7 @@ from media_usage_orchestration.emdash_double.sample_content import (
 from media_usage_orchestration.jobs import media_usage_activation, media_usage_work
 from media_usage_orchestration.local import in_process_lane
 from media_usage_orchestration.media.sources import source_key
-from media_usage_orchestration.ops.run_tags import COLLECTION_TAG, OUTCOME_TAG
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.integrity.verify import verify_index
 from media_usage_orchestration.resources.automation import WORK_LINGER_ENV
 from media_usage_orchestration.sensors.common import COLLECTION_ID_TAG
 from media_usage_orchestration.sensors.work import media_usage_work_sensor

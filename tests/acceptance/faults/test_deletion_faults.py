@@ -21,13 +21,13 @@ from sqlalchemy.engine import Engine
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.ops.deletion import fence
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.integrity.verify import verify_index
 from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
 from media_usage_orchestration.sensors.run_health import media_usage_run_health_sensor
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.capture_triggers import CAPTURE_INACTIVE_MESSAGE
 from media_usage_orchestration.store.core.engine import read_transaction
-from media_usage_orchestration.store.deletions import DeletionPhase
+from media_usage_orchestration.store.deletion.records import DeletionPhase
 from tests.support.deletion_runs import (
     COLLECTION_ID_TAG,
     deletion_run_config,

@@ -30,8 +30,8 @@ from media_usage_orchestration.emdash_double.sample_content import (
 from media_usage_orchestration.processing.reconciliation import model, steps
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import DATABASE_URL_ENV, create_database_engine
-from media_usage_orchestration.store.reconciliations import ReconciliationRepository
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
+from media_usage_orchestration.store.work.repository import WorkRepository
 from tests.support.reconciliation_runs import (
     COMPLETE_RUN,
     PARTITIONS,
@@ -218,7 +218,7 @@ import sys
 import dagster as dg
 
 from media_usage_orchestration.definitions import defs
-from media_usage_orchestration.store.reconciliations import ReconciliationRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 
 slug, killed_page = sys.argv[1], int(sys.argv[2])
 write_scan_page = ReconciliationRepository.write_scan_page

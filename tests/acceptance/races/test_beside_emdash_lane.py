@@ -39,14 +39,14 @@ from media_usage_orchestration.emdash_double.sample_content import (
     sample_entry,
 )
 from media_usage_orchestration.local import in_process_lane
-from media_usage_orchestration.processing.activation import ActivationOutcome, activate
-from media_usage_orchestration.processing.deletion import (
+from media_usage_orchestration.processing.activation.capture import ActivationOutcome, activate
+from media_usage_orchestration.processing.deletion.processor import (
     RequestOutcome,
     request_collection_deletion,
 )
+from media_usage_orchestration.processing.integrity.verify import verify_index
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
-from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.sensors.deletion import media_usage_collection_deletion_sensor
 from media_usage_orchestration.sensors.projection_gc import media_usage_projection_gc_sensor
 from media_usage_orchestration.sensors.reconciliation import media_usage_reconciliation_sensor

@@ -9,12 +9,9 @@ import pytest
 from sqlalchemy import event, insert
 
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import (
-    DeletionPhase,
-    DeletionRepository,
-    GuardOutcome,
-    execute_local_deletion_guard,
-)
+from media_usage_orchestration.store.deletion.local_guard import execute_local_deletion_guard
+from media_usage_orchestration.store.deletion.records import DeletionPhase, GuardOutcome
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
 from tests.support.deletions import LEASE_SECONDS, claimed, tombstone
 from tests.support.states import make_collection, one, status_row, waiter_on_table_lock
 

@@ -10,14 +10,14 @@ import threading
 
 import pytest
 
-from media_usage_orchestration.processing.projection_gc import (
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.projection_gc.passes import (
     GcLimits,
     GcOutcome,
     GcRunEnd,
     run_projection_gc,
     run_projection_gc_passes,
 )
-from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.store.core import schema
 from tests.support.projection_gc import (
     drain,

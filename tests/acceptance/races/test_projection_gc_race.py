@@ -10,12 +10,12 @@ import threading
 import pytest
 from sqlalchemy import update
 
-from media_usage_orchestration.processing.projection_gc import (
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.projection_gc.passes import (
     GcLimits,
     GcOutcome,
     run_projection_gc,
 )
-from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.store.core import schema
 from tests.support.projection_gc import (
     drain,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.reconciliations import ReconciliationRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 from tests.support.reconciliations import reconciliation_row
 from tests.support.states import count, make_collection, set_activation
 

@@ -20,15 +20,15 @@ from sqlalchemy import delete
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS, sample_entries
-from media_usage_orchestration.processing.activation import ActivationOutcome, activate
+from media_usage_orchestration.processing.activation.capture import ActivationOutcome, activate
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.loop.run_loop import Budget, WorkDrainEnd, drain_due_work
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import (
     DRAIN_BATCH_SIZE,
     ReconciliationOutcome,
 )
-from media_usage_orchestration.processing.run_loop import Budget, WorkDrainEnd, drain_due_work
-from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
+from media_usage_orchestration.processing.work.processor import WorkBatchResult, process_due_batch
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import create_database_engine
 from tests.support.activity import ActivitySamples, sampled_activity

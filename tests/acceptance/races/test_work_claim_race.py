@@ -10,7 +10,8 @@ import pytest
 
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.leases import LeaseState
-from media_usage_orchestration.store.work import WorkRecord, WorkRepository
+from media_usage_orchestration.store.work.records import WorkRecord
+from media_usage_orchestration.store.work.repository import WorkRepository
 from tests.support.factories import insert_work, insert_works
 from tests.support.states import count
 from tests.support.work import read_work

@@ -15,8 +15,8 @@ import pytest
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS, sample_entries
-from media_usage_orchestration.processing.activation import ActivationOutcome, activate
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.activation.capture import ActivationOutcome, activate
+from media_usage_orchestration.processing.integrity.verify import verify_index
 from media_usage_orchestration.store.core import schema
 from tests.support.states import count
 
@@ -52,7 +52,7 @@ def _record(ledger, event: str, lease, **extra) -> None:
 def _install_ledger(path: str):
     """Wrap the repository's claim and completion statements (one by one and in bulk) so each
     call is written down."""
-    from media_usage_orchestration.store.work import WorkRepository
+    from media_usage_orchestration.store.work.repository import WorkRepository
 
     ledger = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives with the process
     claim_batch, claim_one, complete = (
@@ -83,7 +83,7 @@ def _install_ledger(path: str):
     WorkRepository.complete_work = complete_work
 
     # The bulk path completes many leases in one statement, in its writes' transaction.
-    from media_usage_orchestration.processing import work as work_processing
+    from media_usage_orchestration.processing.work import processor as work_processing
 
     complete_in_bulk = work_processing.complete_leases
 

@@ -1,5 +1,6 @@
-"""Collection-deletion tombstones: the local guard (upstream `…-deletion-foundation`), the
-repository's lease transitions, the back-phase statements, the slug lock and bad input.
+"""Collection-deletion tombstones (upstream `…-deletion-foundation`): the repository's lease
+transitions, the back-phase statements, the slug lock and bad input. The local guard has its
+own file, `test_local_guard.py`.
 
 Operator views of collection deletions (upstream `…-deletion-operator`): redacted pages with
 cursors, and retry of failed, retrying and lease-expired tombstones.
@@ -12,20 +13,16 @@ import dataclasses
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.leases import LeaseState
-from media_usage_orchestration.store.deletions import (
+from media_usage_orchestration.store.deletion.records import (
     DeletionClaim,
     DeletionLease,
     DeletionPhase,
-    DeletionRepository,
-    GuardOutcome,
     OperatorDeletionItem,
-    execute_local_deletion_guard,
-    find_due_statement,
-    is_slug_deleting,
 )
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
+from media_usage_orchestration.store.deletion.statements import find_due_statement
 from media_usage_orchestration.values.cursors import encode_cursor
 from media_usage_orchestration.values.errors import (
     DeletionCleanupIncomplete,
@@ -43,7 +40,6 @@ from tests.support.deletions import (
     expire_lease,
     ids,
     set_tombstone,
-    table_exists,
     tombstone,
     tombstone_row,
 )
@@ -55,7 +51,6 @@ from tests.support.states import (
     db_now,
     make_collection,
     one,
-    set_status,
     snapshot,
     status_row,
 )
@@ -71,119 +66,6 @@ def posts(db):
 @pytest.fixture
 def repo(db):
     return DeletionRepository(db.engine)
-
-
-def posts_table(collection):
-    return schema.content_table(collection.slug)
-
-
-def guard(db, claim, action="fence", *, token=None, force=None):
-    return execute_local_deletion_guard(
-        db.engine,
-        action,
-        claim.collection_id,
-        claim.collection_slug,
-        token or claim.lease_token,
-        claim.force_delete if force is None else force,
-    )
-
-
-# --- the local guard (foundation) ------------------------------------------------------------
-
-
-def test_fence_with_the_live_lease_sets_capture_state_deleting(db, posts):
-    claim = claimed(db.engine, posts)
-    assert guard(db, claim) is GuardOutcome.FENCED
-    assert status_row(db.engine, "posts")["capture_state"] == "deleting"
-
-
-@pytest.mark.parametrize("how", ["wrong_token", "expired", "wrong_phase"])
-def test_guard_acts_only_with_the_exact_live_lease(db, posts, how):
-    phase = DeletionPhase.REGISTRY if how == "wrong_phase" else DeletionPhase.FENCE
-    claim = claimed(db.engine, posts, phase)
-    if how == "expired":
-        expire_lease(db.engine, posts.id)
-    token = "01STALESTALESTALESTALESTAL" if how == "wrong_token" else None
-    before = snapshot(db.engine)
-    assert guard(db, claim, "fence", token=token) is GuardOutcome.STALE
-    assert guard(db, claim, "drop", token=token) is GuardOutcome.STALE
-    assert snapshot(db.engine) == before
-    assert table_exists(db.engine, "ec_posts")
-
-
-def test_an_expired_owner_cannot_drop_a_replacement_table(db, posts):
-    claim = claimed(db.engine, posts, DeletionPhase.TABLE)
-    expire_lease(db.engine, posts.id)
-    CmsWriter(db.engine).insert_entry("posts", {"id": "replacement", "title": "kept"})
-    assert guard(db, claim, "drop") is GuardOutcome.STALE
-    assert table_exists(db.engine, "ec_posts")
-    assert count(db.engine, posts_table(posts)) == 1
-
-
-def test_without_force_a_collection_with_content_is_kept(db, posts):
-    CmsWriter(db.engine).insert_entry("posts", {"title": "live"})
-    claim = claimed(db.engine, posts)
-    before = snapshot(db.engine)
-    assert guard(db, claim) is GuardOutcome.HAS_CONTENT
-    assert snapshot(db.engine) == before
-    assert status_row(db.engine, "posts")["capture_state"] == "active"
-
-
-def test_only_trashed_rows_are_not_content(db, posts):
-    writer = CmsWriter(db.engine)
-    writer.trash_entry("posts", writer.insert_entry("posts", {"title": "trashed"}))
-    claim = claimed(db.engine, posts)
-    assert guard(db, claim) is GuardOutcome.FENCED
-
-
-def test_force_fences_a_collection_with_content(db, posts):
-    CmsWriter(db.engine).insert_entry("posts", {"title": "live"})
-    claim = claimed(db.engine, posts, force=True)
-    assert guard(db, claim) is GuardOutcome.FENCED
-
-
-@pytest.mark.parametrize("change", ["capture_installing", "registry_replaced"])
-def test_fence_is_stale_without_an_active_exact_identity(db, posts, change):
-    claim = claimed(db.engine, posts)
-    if change == "capture_installing":
-        set_status(db.engine, "posts", capture_state="installing")
-    else:
-        with db.engine.begin() as connection:
-            connection.execute(schema.fields.delete())
-            connection.execute(schema.collections.update().values(id="other-id"))
-    assert guard(db, claim) is GuardOutcome.STALE
-    assert status_row(db.engine, "posts")["capture_state"] != "deleting"
-
-
-def test_drop_removes_the_content_table(db, posts):
-    claim = claimed(db.engine, posts, DeletionPhase.TABLE)
-    assert guard(db, claim, "drop") is GuardOutcome.DROPPED
-    assert not table_exists(db.engine, "ec_posts")
-    assert guard(db, claim, "drop") is GuardOutcome.DROPPED
-
-
-@pytest.mark.sqlite_only("FTS5 tables exist only on SQLite")
-def test_drop_removes_the_fts_table_and_its_triggers_on_sqlite(db, posts):
-    with db.engine.begin() as connection:
-        connection.exec_driver_sql(
-            'CREATE VIRTUAL TABLE "_emdash_fts_posts" USING fts5(id UNINDEXED, title)'
-        )
-        for event, body in (
-            ("INSERT", "INSERT INTO _emdash_fts_posts(id, title) VALUES (NEW.id, NEW.title)"),
-            ("UPDATE", "DELETE FROM _emdash_fts_posts WHERE id = OLD.id"),
-            ("DELETE", "DELETE FROM _emdash_fts_posts WHERE id = OLD.id"),
-        ):
-            connection.exec_driver_sql(
-                f'CREATE TRIGGER "_emdash_fts_posts_{event.lower()}" AFTER {event} ON ec_posts '
-                f"BEGIN {body}; END"
-            )
-    claim = claimed(db.engine, posts, DeletionPhase.TABLE)
-    assert guard(db, claim, "drop") is GuardOutcome.DROPPED
-    with db.engine.connect() as connection:
-        left = connection.exec_driver_sql(
-            "SELECT name FROM sqlite_master WHERE name LIKE '%emdash_fts_posts%'"
-        ).all()
-    assert left == []
 
 
 # --- tombstones, claims and transitions ------------------------------------------------------
@@ -227,15 +109,16 @@ def test_collection_slug_is_unique_in_the_table(db, posts):
 def test_slug_lock_lasts_until_finalize(db, posts, repo):
     assert not repo.is_slug_deleting("posts")
     tombstone(db.engine, posts)
-    assert repo.is_slug_deleting("posts") and is_slug_deleting(db.engine, "posts")
+    assert repo.is_slug_deleting("posts")
     assert not repo.is_slug_deleting("pages")
     assert repo.find_by_slug("posts").collection_id == posts.id
     assert repo.find_by_slug("pages") is None
 
 
 def test_slug_lookups_treat_a_missing_table_as_no_tombstone(empty_db):
-    assert not is_slug_deleting(empty_db.engine, "posts")
-    assert DeletionRepository(empty_db.engine).find_by_slug("posts") is None
+    repo = DeletionRepository(empty_db.engine)
+    assert not repo.is_slug_deleting("posts")
+    assert repo.find_by_slug("posts") is None
 
 
 def test_claim_requires_the_phase_and_has_one_winner(db, posts, repo):
@@ -742,8 +625,8 @@ def test_retry_reopens_with_the_phase_unchanged(db, repo, state):
     assert (row["state"], row["phase"], row["attempt_count"]) == ("pending", "sources", 0)
     assert row["lease_token"] is None and row["lease_expires_at"] is None
     assert row["last_error_code"] is None and row["next_attempt_at"] <= db_now(db.engine)
-    assert result.item.collection_id == collection.id
-    assert result.item.phase is DeletionPhase.SOURCES and result.item.state is LeaseState.PENDING
+    assert result.row.collection_id == collection.id
+    assert result.row.phase is DeletionPhase.SOURCES and result.row.state is LeaseState.PENDING
     assert repo.claim(collection.id, DeletionPhase.SOURCES, LEASE_SECONDS) is not None
 
 
@@ -755,7 +638,7 @@ def test_retry_does_not_steal_a_live_lease(db, repo):
     result = repo.retry_operator_deletion(collection.id)
     assert result.outcome is OperatorRetryOutcome.LEASE_ACTIVE and not result.changed
     assert result.lease_expires_at == row["lease_expires_at"]
-    assert result.item is None
+    assert result.row is None
     assert snapshot(db.engine) == before
 
 

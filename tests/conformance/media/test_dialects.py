@@ -7,7 +7,7 @@ from sqlalchemy import text
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec, SubField
 from media_usage_orchestration.media.snapshots import build_columns_source
-from media_usage_orchestration.processing.content_reads import load_fields
+from media_usage_orchestration.processing.work.content_reads import load_fields
 from media_usage_orchestration.store.core.schema import SYSTEM_COLUMNS
 
 COLLECTION_ID = "01JDIALECT0000000000000000"

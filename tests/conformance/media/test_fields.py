@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import insert
 
 from media_usage_orchestration.media.fields import ExtractionField, FieldDiscovery, SubFieldSpec
-from media_usage_orchestration.processing.content_reads import load_fields
+from media_usage_orchestration.processing.work.content_reads import load_fields
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.values.errors import InvalidIdentifierError
 

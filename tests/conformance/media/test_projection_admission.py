@@ -20,9 +20,12 @@ from media_usage_orchestration.media.projection import (
     stored_source_byte_length,
 )
 from media_usage_orchestration.media.sources import ContentSource, source_key
-from media_usage_orchestration.processing.content_reads import load_content_snapshots
-from media_usage_orchestration.processing.projection import plan_projection_admission
-from media_usage_orchestration.processing.work import WorkOutcome, process_work_after_write
+from media_usage_orchestration.processing.work.content_reads import load_content_snapshots
+from media_usage_orchestration.processing.work.processor import (
+    WorkOutcome,
+    process_work_after_write,
+)
+from media_usage_orchestration.processing.work.projection import plan_projection_admission
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.sources.writes import SourceRepository
 from media_usage_orchestration.values.source_records import SourceRow

@@ -8,7 +8,10 @@ from sqlalchemy import text
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.media.snapshots import SnapshotError, build_content_snapshots
-from media_usage_orchestration.processing.content_reads import load_content_snapshots, load_fields
+from media_usage_orchestration.processing.work.content_reads import (
+    load_content_snapshots,
+    load_fields,
+)
 from media_usage_orchestration.store.core.engine import read_transaction
 from media_usage_orchestration.values.identifiers import COLLECTION_ID_RESULT
 from tests.support.factories import insert_revision

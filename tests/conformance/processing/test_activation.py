@@ -12,16 +12,11 @@ import pytest
 from sqlalchemy import Engine, inspect, select, text, update
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec
-from media_usage_orchestration.processing.activation import (
+from media_usage_orchestration.processing.activation.capture import (
     ActivationOutcome,
     ActivationResult,
     activate,
     activate_step,
-)
-from media_usage_orchestration.store.activation import (
-    claim_activation,
-    finalize_activation,
-    lease_is_live,
 )
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.capture_triggers import (
@@ -32,6 +27,11 @@ from media_usage_orchestration.store.core.capture_triggers import (
 )
 from media_usage_orchestration.store.core.engine import create_database_engine
 from media_usage_orchestration.store.core.schema import ACTIVATION_KEY
+from media_usage_orchestration.store.host.activation import (
+    claim_activation,
+    finalize_activation,
+    lease_is_live,
+)
 from media_usage_orchestration.values.errors import (
     ActivationError,
     ActivationGenerationError,

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import event
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.processing.deletion import (
+from media_usage_orchestration.processing.activation.capture import activate
+from media_usage_orchestration.processing.deletion.processor import (
     DeletionTickOutcome,
     FrontPhaseOutcome,
     RequestOutcome,
@@ -26,7 +26,7 @@ from media_usage_orchestration.store.core.capture_triggers import (
     list_owned_triggers,
     remove_capture_triggers,
 )
-from media_usage_orchestration.store.deletions import DeletionRepository
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
 from media_usage_orchestration.values.errors import (
     CmsError,
     CollectionHasContentError,

@@ -10,9 +10,9 @@ from datetime import datetime
 import pytest
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing import deletion
-from media_usage_orchestration.processing.activation import activate
-from media_usage_orchestration.processing.deletion import (
+from media_usage_orchestration.processing.activation.capture import activate
+from media_usage_orchestration.processing.deletion import processor as deletion
+from media_usage_orchestration.processing.deletion.processor import (
     DeletionTickOutcome,
     DeletionTickResult,
     PhaseStepOutcome,
@@ -32,13 +32,10 @@ from media_usage_orchestration.processing.deletion import (
     run_phase_step,
     table_step,
 )
-from media_usage_orchestration.processing.retry_policy import DELETION_RETRY
+from media_usage_orchestration.processing.loop.retry_policy import DELETION_RETRY
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import (
-    DeletionLease,
-    DeletionPhase,
-    DeletionRepository,
-)
+from media_usage_orchestration.store.deletion.records import DeletionLease, DeletionPhase
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
 from media_usage_orchestration.values.errors import DeletionCleanupIncomplete, DeletionLeaseLost
 from tests.support import factories
 from tests.support.deletions import expire_lease, ids, set_tombstone, table_exists

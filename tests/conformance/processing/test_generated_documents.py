@@ -17,10 +17,10 @@ from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS
 from media_usage_orchestration.media.extraction import extract_occurrences
 from media_usage_orchestration.media.fields import discover_fields
-from media_usage_orchestration.processing.verify import OCCURRENCE_COLUMNS, verify_index
-from media_usage_orchestration.processing.work import process_due_batch
-from media_usage_orchestration.store.content import field_rows
+from media_usage_orchestration.processing.integrity.verify import OCCURRENCE_COLUMNS, verify_index
+from media_usage_orchestration.processing.work.processor import process_due_batch
 from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.host.content import field_rows
 from tests.support.projection import active_collection, canonical_key
 from tests.support.states import all_rows
 

@@ -8,16 +8,16 @@ from sqlalchemy import insert, select, update
 from ulid import ULID
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing import projection_gc
-from media_usage_orchestration.processing.projection_gc import (
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.projection_gc import passes as projection_gc
+from media_usage_orchestration.processing.projection_gc.passes import (
     CLEANUP_FAILED,
     GcLimits,
     GcOutcome,
     run_projection_gc,
 )
-from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
+from media_usage_orchestration.store.projection_gc.repository import ProjectionGcRepository
 from tests.support.projection_gc import (
     HOUR,
     age_occurrences,

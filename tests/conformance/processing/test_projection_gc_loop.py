@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from media_usage_orchestration.emdash_double.aging import age_replaced_generations
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing.projection_gc import (
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.projection_gc.passes import (
     GcLimits,
     GcOutcome,
     GcRunEnd,
     run_projection_gc,
     run_projection_gc_passes,
 )
-from media_usage_orchestration.processing.verify import verify_index
 from media_usage_orchestration.store.core import schema
 from tests.support.projection import image
 from tests.support.projection_gc import (
@@ -115,7 +115,7 @@ def test_a_run_whose_row_is_not_due_is_skipped_and_changes_nothing(activated):
 
 
 def test_a_failed_pass_ends_the_run_after_the_passes_before_it(activated, monkeypatch):
-    from media_usage_orchestration.store.sources.projection_gc import ProjectionGcRepository
+    from media_usage_orchestration.store.projection_gc.repository import ProjectionGcRepository
 
     engine = activated.engine
     orphans(engine, 12)

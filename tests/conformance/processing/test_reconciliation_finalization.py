@@ -10,17 +10,17 @@ import pytest
 from sqlalchemy import update
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter, FieldSpec
-from media_usage_orchestration.processing.projection import refresh_content_for_work
 from media_usage_orchestration.processing.reconciliation.model import (
     ENTRY_FAILED,
     RECONCILIATION_FAILED,
     ReconciliationOutcome,
 )
 from media_usage_orchestration.processing.reconciliation.steps import record_step_failure
-from media_usage_orchestration.processing.work import process_due_work
-from media_usage_orchestration.store import status as status_store
+from media_usage_orchestration.processing.work.processor import process_due_work
+from media_usage_orchestration.processing.work.projection import refresh_content_for_work
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.reconciliations import ReconciliationRepository
+from media_usage_orchestration.store.host import status as status_store
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 from tests.support.factories import insert_source, of
 from tests.support.projection import canonical_key, find_source
 from tests.support.reconciliation_steps import (

@@ -10,8 +10,9 @@ import pytest
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import MEDIA_FIELDS, sample_entries
-from media_usage_orchestration.processing import work as work_processing
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.loop.retry_policy import RECONCILIATION_RETRY, WORK_RETRY
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.maintenance import settle_reconciliations
 from media_usage_orchestration.processing.reconciliation.model import (
@@ -33,13 +34,10 @@ from media_usage_orchestration.processing.reconciliation.steps import (
     work_barrier,
 )
 from media_usage_orchestration.processing.reconciliation.tick import process_due_reconciliation
-from media_usage_orchestration.processing.retry_policy import RECONCILIATION_RETRY, WORK_RETRY
-from media_usage_orchestration.processing.verify import verify_index
+from media_usage_orchestration.processing.work import processor as work_processing
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.reconciliations import (
-    ReconciliationRepository,
-    WorkBarrierState,
-)
+from media_usage_orchestration.store.reconciliation.records import WorkBarrierState
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 from tests.support.factories import insert_source, insert_work, of
 from tests.support.projection import canonical_key
 from tests.support.reconciliation_steps import (

@@ -9,17 +9,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from media_usage_orchestration.processing.deletion import DeletionTickOutcome
-from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
-from media_usage_orchestration.processing.scheduled_lane import (
+from media_usage_orchestration.processing.deletion.processor import DeletionTickOutcome
+from media_usage_orchestration.processing.lane.scheduled_lane import (
     LaneOutcome,
     LaneResult,
     TaskClass,
     run_scheduled_lane,
 )
-from media_usage_orchestration.store.activation import rotate_maintenance_turn
+from media_usage_orchestration.processing.reconciliation.model import ReconciliationOutcome
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.deletions import DeletionPhase
+from media_usage_orchestration.store.deletion.records import DeletionPhase
+from media_usage_orchestration.store.host.activation import rotate_maintenance_turn
 from tests.support.deletions import tombstone, tombstone_row
 from tests.support.projection import active_collection, canonical_key, find_source, insert_entry
 from tests.support.reconciliations import reconciliation_row

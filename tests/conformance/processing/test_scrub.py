@@ -1,12 +1,16 @@
-"""The scrubber's slices (`processing/scrub.py`) on both dialects: sources of a gone entry, open
+"""The scrubber's slices (`processing/integrity/scrub.py`) on both dialects: sources of a gone entry, open
 work, the time budget."""
 
 from __future__ import annotations
 
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
-from media_usage_orchestration.processing.operator import retry_work_item
-from media_usage_orchestration.processing.scrub import ScrubLimits, ScrubPosition, scrub_tick
-from media_usage_orchestration.processing.verify import DriftKind, verify_index
+from media_usage_orchestration.processing.integrity.scrub import (
+    ScrubLimits,
+    ScrubPosition,
+    scrub_tick,
+)
+from media_usage_orchestration.processing.integrity.verify import DriftKind, verify_index
+from media_usage_orchestration.processing.operator.actions import retry_work_item
 from media_usage_orchestration.store.core import schema
 from tests.support.projection import canonical_key, drain, processed_collection
 from tests.support.states import count, one, set_status

@@ -15,7 +15,9 @@ from collections import Counter
 import pytest
 from sqlalchemy import select
 
-from media_usage_orchestration.processing import phases
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.loop import phases
+from media_usage_orchestration.processing.loop.run_loop import Budget, PagingEnd, drain_due_work
 from media_usage_orchestration.processing.reconciliation import walks
 from media_usage_orchestration.processing.reconciliation.driver import run_to_completion
 from media_usage_orchestration.processing.reconciliation.model import (
@@ -23,12 +25,10 @@ from media_usage_orchestration.processing.reconciliation.model import (
     ScanOutcome,
 )
 from media_usage_orchestration.processing.reconciliation.steps import prepare_run, work_barrier
-from media_usage_orchestration.processing.run_loop import Budget, PagingEnd, drain_due_work
-from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import WorkOutcome, process_claimed
+from media_usage_orchestration.processing.work.processor import WorkOutcome, process_claimed
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.reconciliations import WorkBarrierState
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.reconciliation.records import WorkBarrierState
+from media_usage_orchestration.store.work.repository import WorkRepository
 from tests.support.reconciliation_steps import (
     claimed,
     coverage,

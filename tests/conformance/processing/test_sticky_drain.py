@@ -3,14 +3,14 @@ dialects: edits committed while it waits are claimed and projected by the same c
 burst is reported before it waits, and it ends once its linger passes with nothing due. The
 waiting runs on a fake clock whose sleep is where the CMS writes."""
 
-from media_usage_orchestration.processing.run_loop import (
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.loop.run_loop import (
     Budget,
     Linger,
     WorkDrainEnd,
     drain_while_work_arrives,
 )
-from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.store.probes import collection_has_due_work
+from media_usage_orchestration.store.reads.probes import collection_has_due_work
 from tests.support.projection import active_collection, insert_entry, work_count
 
 BATCH = 10

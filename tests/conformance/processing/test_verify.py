@@ -8,7 +8,7 @@ from sqlalchemy import delete, select, update
 from media_usage_orchestration.cli import main
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.emdash_double.sample_content import sample_entry
-from media_usage_orchestration.processing.verify import DriftKind, verify_index
+from media_usage_orchestration.processing.integrity.verify import DriftKind, verify_index
 from media_usage_orchestration.store.core import schema
 from tests.support.projection import (
     active_collection,

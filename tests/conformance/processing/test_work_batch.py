@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import threading
 
-from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import WorkOutcome, process_due_batch
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.work.processor import WorkOutcome, process_due_batch
 from media_usage_orchestration.store.core import schema
 from tests.support.projection import (
     active_collection,

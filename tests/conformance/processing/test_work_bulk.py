@@ -16,12 +16,14 @@ from media_usage_orchestration.emdash_double.cms_writer import (
     FieldSpec,
     SubField,
 )
-from media_usage_orchestration.processing import work as work_processing
-from media_usage_orchestration.processing.verify import verify_index
-from media_usage_orchestration.processing.work import WorkBatchResult, process_due_batch
+from media_usage_orchestration.processing.integrity.verify import verify_index
+from media_usage_orchestration.processing.work import processor as work_processing
+from media_usage_orchestration.processing.work.processor import WorkBatchResult, process_due_batch
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.sources import batch_writes
-from media_usage_orchestration.store.work import WorkLease, WorkRepository, complete_leases
+from media_usage_orchestration.store.work.records import WorkLease
+from media_usage_orchestration.store.work.repository import WorkRepository
+from media_usage_orchestration.store.work.statements import complete_leases
 from tests.support.databases import TestDatabase
 from tests.support.factories import insert_revision
 from tests.support.projection import (

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import delete, text, update
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing.retry_policy import WORK_RETRY
-from media_usage_orchestration.processing.work import (
+from media_usage_orchestration.processing.loop.retry_policy import WORK_RETRY
+from media_usage_orchestration.processing.work.processor import (
     JOBS_PER_TICK,
     ORDINARY_STATEMENTS_PER_JOB,
     WorkOutcome,
@@ -19,8 +19,8 @@ from media_usage_orchestration.processing.work import (
     process_work_after_write,
     work_error_code,
 )
-from media_usage_orchestration.store import status as status_store
 from media_usage_orchestration.store.core import schema
+from media_usage_orchestration.store.host import status as status_store
 from tests.support.factories import draft_revision, insert_registry
 from tests.support.projection import (
     active_collection,

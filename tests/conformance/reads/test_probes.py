@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
-from media_usage_orchestration.store.probes import (
+from media_usage_orchestration.store.reads.probes import (
     _due_work_by_collection_statement,
     due_work_by_collection,
 )
-from media_usage_orchestration.store.work import _claim_batch_statement
+from media_usage_orchestration.store.work.statements import (
+    claim_batch_statement as _claim_batch_statement,
+)
 from tests.support.databases import installed_database
 from tests.support.factories import (
     ago,

@@ -1,4 +1,4 @@
-"""Each live collection's work queue (`store/queue.py`): counts in the lease vocabulary's one
+"""Each live collection's work queue (`store/reads/queue.py`): counts in the lease vocabulary's one
 classification (the status verb's pending, failed and stuck work, the claim's due rows), the age
 of the first due item in database time, the newest failures, counts that stop at their limit,
 and a plan that reads index ranges only."""
@@ -8,19 +8,19 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from media_usage_orchestration.store.coverage import (
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
+from media_usage_orchestration.store.reads.coverage import (
     health_status,
     read_collection_coverage,
     read_coverage_state,
 )
-from media_usage_orchestration.store.deletions import DeletionRepository
-from media_usage_orchestration.store.queue import (
+from media_usage_orchestration.store.reads.queue import (
     COUNT_LIMIT,
     FAILED_ITEMS_SHOWN,
     _queue_statement,
     read_work_queues,
 )
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.work.repository import WorkRepository
 from tests.support.factories import (
     ago,
     backing_off,

@@ -18,18 +18,18 @@ from sqlalchemy import inspect, select, update
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.leases import LeaseState, due_candidates_statement
-from media_usage_orchestration.store.probes import claimable_reconciliations
-from media_usage_orchestration.store.reconciliations import (
+from media_usage_orchestration.store.reads.probes import claimable_reconciliations
+from media_usage_orchestration.store.reconciliation.records import (
     ENTRY_FAILED_CODE,
     LIFECYCLE_MESSAGE,
     ReconciliationPhase,
-    ReconciliationRepository,
     SourceCandidate,
     WorkBarrier,
     WorkBarrierState,
-    find_due_statement,
 )
-from media_usage_orchestration.store.work import WorkRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
+from media_usage_orchestration.store.reconciliation.statements import find_due_statement
+from media_usage_orchestration.store.work.repository import WorkRepository
 from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
 from tests.support.factories import (
     FUTURE,
@@ -654,10 +654,10 @@ def test_operator_retry_reopens_failed_retrying_and_expired_rows(db):
     repository, collection, claim = terminal_failure_without_target(db)
     result = repository.retry_failed_by_operator(collection.id)
     assert result.outcome is OperatorRetryOutcome.PENDING and result.changed
-    assert result.record.state is LeaseState.PENDING
-    assert result.record.phase is ReconciliationPhase.SCAN
-    assert (result.record.target_epoch, result.record.attempt_count) == (None, 0)
-    assert result.record.last_error_code is None
+    assert result.row.state is LeaseState.PENDING
+    assert result.row.phase is ReconciliationPhase.SCAN
+    assert (result.row.target_epoch, result.row.attempt_count) == (None, 0)
+    assert result.row.last_error_code is None
 
     assert repository.retry_failed_by_operator(collection.id).outcome is (
         OperatorRetryOutcome.CONFLICT

@@ -1,5 +1,5 @@
-"""Run leases (`store/run_leases.py`) and the run heartbeat that keeps one
-(`processing/run_heartbeat.py`), on both dialects: every write names the lease by run id and
+"""Run leases (`store/runs/run_leases.py`) and the run heartbeat that keeps one
+(`processing/loop/run_heartbeat.py`), on both dialects: every write names the lease by run id and
 token; a renewal needs the lease still live, so an expired lease is never revived."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from media_usage_orchestration.processing.run_heartbeat import RunHeartbeat
+from media_usage_orchestration.processing.loop.run_heartbeat import RunHeartbeat
 from media_usage_orchestration.store.core import schema
-from media_usage_orchestration.store.run_leases import (
+from media_usage_orchestration.store.runs.run_leases import (
     RunLease,
     begin_run_lease,
     end_run_lease,

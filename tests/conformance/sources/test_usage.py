@@ -11,7 +11,7 @@ from sqlalchemy import text
 from media_usage_orchestration.bench.database import create_collection, insert_entries
 from media_usage_orchestration.bench.measure import DriverMode
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing.activation import activate
+from media_usage_orchestration.processing.activation.capture import activate
 from media_usage_orchestration.store.core.engine import bounded_read, prefer_linear_plans
 from media_usage_orchestration.store.sources.usage import (
     MEDIA_SUMMARY,

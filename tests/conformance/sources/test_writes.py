@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import delete, text, update
 
 from media_usage_orchestration.emdash_double.cms_writer import CmsWriter
-from media_usage_orchestration.processing.content_reads import load_content_snapshots
+from media_usage_orchestration.processing.work.content_reads import load_content_snapshots
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.sources.writes import UNKNOWN_COMPLETENESS, SourceRepository
 from tests.support.factories import insert_occurrences, insert_revision

@@ -26,18 +26,19 @@ from sqlalchemy.engine import make_url
 from media_usage_orchestration.store.core import schema
 from media_usage_orchestration.store.core.engine import create_database_engine
 from media_usage_orchestration.store.core.leases import LeaseState
-from media_usage_orchestration.store.work import (
+from media_usage_orchestration.store.work.records import (
     OperatorPage,
-    OperatorRetryResult,
     OperatorWorkItem,
     WorkLease,
     WorkRecord,
-    WorkRepository,
-    _due_indexes_walked_in_order,
-    due_rows_statement,
 )
+from media_usage_orchestration.store.work.repository import WorkRepository
+from media_usage_orchestration.store.work.statements import (
+    due_indexes_walked_in_order as _due_indexes_walked_in_order,
+)
+from media_usage_orchestration.store.work.statements import due_rows_statement
 from media_usage_orchestration.values.errors import InvalidCursorError
-from media_usage_orchestration.values.outcomes import OperatorRetryOutcome
+from media_usage_orchestration.values.outcomes import OperatorRetryOutcome, OperatorRetryResult
 from tests.support.factories import (
     FUTURE,
     PAST,
@@ -820,7 +821,7 @@ def test_pending_work_and_its_coverage_epoch_are_left_unchanged(db, repo, post):
     result = repo.retry_operator_work(post.id, "entry-pending")
 
     assert result.outcome is OperatorRetryOutcome.PENDING and result.changed is False
-    assert result.work.content_id == "entry-pending" and result.work.state is LeaseState.PENDING
+    assert result.row.content_id == "entry-pending" and result.row.state is LeaseState.PENDING
     assert snapshot(db.engine) == before
     assert raw_work(db, post, "entry-pending")["work_version"] == 4
 
@@ -843,8 +844,8 @@ def test_retry_and_failed_work_reopen_and_invalidate_complete_coverage(db, repo,
     result = repo.retry_operator_work(post.id, f"entry-{state}")
 
     assert result.outcome is OperatorRetryOutcome.PENDING and result.changed is True
-    assert result.work.state is LeaseState.PENDING
-    assert result.work.attempt_count == 0 and result.work.last_error_code is None
+    assert result.row.state is LeaseState.PENDING
+    assert result.row.attempt_count == 0 and result.row.last_error_code is None
     row = raw_work(db, post, f"entry-{state}")
     assert (row["work_version"], row["change_epoch"], row["state"]) == (8, 1, "pending")
     assert row["lease_token"] is None and row["lease_expires_at"] is None
@@ -901,9 +902,9 @@ def test_work_is_created_for_an_absent_content_row(db, repo, post):
     result = repo.retry_operator_work(post.id, "already-deleted-entry")
 
     assert result.outcome is OperatorRetryOutcome.PENDING and result.changed is True
-    assert (result.work.collection_id, result.work.collection_slug) == (post.id, "post")
-    assert result.work.content_id == "already-deleted-entry"
-    assert result.work.state is LeaseState.PENDING
+    assert (result.row.collection_id, result.row.collection_slug) == (post.id, "post")
+    assert result.row.content_id == "already-deleted-entry"
+    assert result.row.state is LeaseState.PENDING
     row = raw_work(db, post, "already-deleted-entry")
     assert (row["work_version"], row["change_epoch"], row["attempt_count"]) == (1, 1, 0)
     status = status_row(db.engine, "post")
@@ -933,7 +934,7 @@ def test_newer_pending_work_created_mid_retry_is_not_overwritten(db, repo, post)
     result = repo.retry_operator_work(post.id, "entry-newer-work")
 
     assert result.outcome is OperatorRetryOutcome.PENDING and result.changed is False
-    assert result.work.state is LeaseState.PENDING and result.work.attempt_count == 0
+    assert result.row.state is LeaseState.PENDING and result.row.attempt_count == 0
     row = raw_work(db, post, "entry-newer-work")
     assert (row["work_version"], row["state"], row["change_epoch"]) == (8, "pending", 0)
 
@@ -966,7 +967,7 @@ def test_a_newer_failed_version_mid_retry_is_not_reopened(db, repo, post):
 
     result = repo.retry_operator_work(post.id, "entry-refailed")
 
-    assert result == OperatorRetryResult.conflict()
+    assert result == OperatorRetryResult(OperatorRetryOutcome.CONFLICT)
     row = raw_work(db, post, "entry-refailed")
     assert (row["state"], row["work_version"], row["change_epoch"]) == ("failed", 3, 0)
 
@@ -986,7 +987,7 @@ def test_a_newer_coverage_epoch_mid_retry_wins(db, repo, post, existing):
 
     result = repo.retry_operator_work(post.id, "entry-epoch-race")
 
-    assert result == OperatorRetryResult.conflict()
+    assert result == OperatorRetryResult(OperatorRetryOutcome.CONFLICT)
     assert raw_work(db, post, "entry-epoch-race") == before
     status = status_row(db.engine, "post")
     assert (status["status"], status["change_epoch"]) == ("stale", 2)
@@ -1027,13 +1028,15 @@ def test_a_lease_taken_mid_retry_is_reported_as_active(db, repo, post):
 
     result = repo.retry_operator_work(post.id, "entry-claimed-race")
 
-    assert result == OperatorRetryResult.lease_active("2100-01-01T00:00:00.000Z")
+    assert result == OperatorRetryResult(
+        OperatorRetryOutcome.LEASE_ACTIVE, lease_expires_at="2100-01-01T00:00:00.000Z"
+    )
     assert raw_work(db, post, "entry-claimed-race")["lease_token"] == "racer"
 
 
 def test_missing_and_inactive_identities_give_collection_not_found(db, repo, post):
     assert repo.retry_operator_work("missing-collection", "entry-1") == (
-        OperatorRetryResult.collection_not_found()
+        OperatorRetryResult(OperatorRetryOutcome.COLLECTION_NOT_FOUND)
     )
     set_status(db.engine, "post", capture_state="installing")
     before = snapshot(db.engine)

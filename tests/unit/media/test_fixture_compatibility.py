@@ -19,7 +19,7 @@ from media_usage_orchestration.media.snapshots import (
     build_draft_overlay_source,
 )
 from media_usage_orchestration.media.sources import ContentSource
-from media_usage_orchestration.processing.content_reads import load_fields
+from media_usage_orchestration.processing.work.content_reads import load_fields
 from media_usage_orchestration.store.core import schema
 from tests.fixtures import FIXTURE_DB, FIXTURES
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from media_usage_orchestration.processing.deletion import (
+from media_usage_orchestration.processing.deletion.processor import (
     delete_activated_collection,
     request_collection_deletion,
 )

@@ -3,7 +3,7 @@ half second, returns as soon as work is due, and gives up after its seconds or i
 
 import pytest
 
-from media_usage_orchestration.processing.run_loop import Budget, Linger
+from media_usage_orchestration.processing.loop.run_loop import Budget, Linger
 
 
 class FakeClock:

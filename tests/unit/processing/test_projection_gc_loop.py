@@ -3,7 +3,7 @@ the run's totals (sums of the passes, the backlog bound and window of the last).
 
 from __future__ import annotations
 
-from media_usage_orchestration.processing.projection_gc import (
+from media_usage_orchestration.processing.projection_gc.passes import (
     GcLimits,
     GcOutcome,
     GcResult,
@@ -11,7 +11,7 @@ from media_usage_orchestration.processing.projection_gc import (
     GcRunEnd,
     is_full,
 )
-from media_usage_orchestration.store.sources.projection_gc import GcCounters
+from media_usage_orchestration.store.projection_gc.repository import GcCounters
 
 LIMITS = GcLimits(delete_limit=5)
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from media_usage_orchestration.processing.retry_policy import DELETION_RETRY, WORK_RETRY
-from media_usage_orchestration.processing.run_loop import Budget, Page, PagingEnd, page_until_done
+from media_usage_orchestration.processing.loop.retry_policy import DELETION_RETRY, WORK_RETRY
+from media_usage_orchestration.processing.loop.run_loop import (
+    Budget,
+    Page,
+    PagingEnd,
+    page_until_done,
+)
 
 
 class Clock:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from media_usage_orchestration.processing.scrub import (
+from media_usage_orchestration.processing.integrity.scrub import (
     MAX_PAUSED_TICKS,
     CollectionState,
     Paused,
@@ -17,8 +17,8 @@ from media_usage_orchestration.processing.scrub import (
     parse_position,
     plan_tick,
 )
-from media_usage_orchestration.processing.verify import Difference, DriftKind
-from media_usage_orchestration.store.registry import RegisteredCollection
+from media_usage_orchestration.processing.integrity.verify import Difference, DriftKind
+from media_usage_orchestration.store.host.registry import RegisteredCollection
 
 ARTICLES = CollectionState("id-articles", "articles", complete=True)
 PAGES = CollectionState("id-pages", "pages", complete=True)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from media_usage_orchestration.store.deletions import (
-    DeletionLease,
-    DeletionPhase,
-    DeletionRepository,
+from media_usage_orchestration.store.deletion.local_guard import (
     execute_local_deletion_guard,
     is_slug_deleting,
 )
+from media_usage_orchestration.store.deletion.records import DeletionLease, DeletionPhase
+from media_usage_orchestration.store.deletion.repository import DeletionRepository
 from tests.support.records import deletion_claim
 
 TOKEN = "01STALESTALESTALESTALESTAL"

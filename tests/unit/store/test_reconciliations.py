@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from media_usage_orchestration.store.reconciliations import ReconciliationRepository
+from media_usage_orchestration.store.reconciliation.repository import ReconciliationRepository
 from tests.support.reconciliations import FINGERPRINT
 from tests.support.records import reconciliation_claim
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from media_usage_orchestration.store.work import WorkLease, WorkRepository, due_rows_statement
+from media_usage_orchestration.store.work.records import WorkLease
+from media_usage_orchestration.store.work.repository import WorkRepository
+from media_usage_orchestration.store.work.statements import due_rows_statement
 
 GOOD_LEASE = WorkLease("collection-1", "entry-1", 1, "token")
 YEAR = 365 * 24 * 60 * 60

@@ -1,0 +1,1 @@
+"""Capture activation: `expanded → activating → active`."""

@@ -1,0 +1,1 @@
+"""Collection deletion: the request, the front and back phases, EmDash's tick."""

@@ -1,0 +1,2 @@
+"""The projection GC's guarded statements (EmDash's `cleanupMediaUsage`):
+`ProjectionGcRepository`."""
