@@ -167,13 +167,18 @@ def directory_snapshot(directory: Path) -> dict[str, str]:
 def process_named_dev() -> Iterator[int]:
     """A live process whose command line carries `dev`, as `make dev`'s `dg dev` does."""
     process = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", "dev"], stdin=subprocess.PIPE
+        [sys.executable, "-c", "import sys; print(flush=True); sys.stdin.read()", "dev"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
+        # Until the child has exec'd, its command line is still its parent's: wait for it.
+        process.stdout.readline()
         yield process.pid
     finally:
         process.stdin.close()
         process.wait(timeout=30)
+        process.stdout.close()
 
 
 def exited_pid() -> int:
