@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import re
 from pathlib import Path
 
@@ -36,6 +37,12 @@ STORE_ROOMS = {*WORKFLOWS, "core", "sources", "host", "reads", "runs"}
 PROCESSING_ROOMS = {*WORKFLOWS, "loop", "lane", "integrity", "operator", "activation"}
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for all the checks below."""
+    return ast.parse(path.read_text("utf-8"), filename=str(path))
+
+
 def _modules() -> dict[str, Path]:
     modules = {}
     for path in sorted(ROOT.rglob("*.py")):
@@ -54,9 +61,10 @@ def _relative(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
+@functools.cache
 def _imported_names(module: str, path: Path) -> list[str]:
     """Every module named by an import statement of `module`, resolved to absolute names."""
-    tree = ast.parse(path.read_text("utf-8"), filename=str(path))
+    tree = _tree(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names = []
     for node in ast.walk(tree):
@@ -75,6 +83,7 @@ def _imported_names(module: str, path: Path) -> list[str]:
     return names
 
 
+@functools.cache
 def _internal_edges() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {module: set() for module in MODULES}
     for module, path in MODULES.items():
@@ -234,7 +243,7 @@ def test_a_workflow_has_its_same_named_room_in_every_layer(workflow):
 
 @pytest.mark.parametrize(("mirror", "seed_class"), sorted(SEED_MIRRORS.items()))
 def test_each_seed_mirror_keeps_the_seeds_class_whole_in_its_repository_module(mirror, seed_class):
-    tree = ast.parse((ROOT / mirror).read_text("utf-8"))
+    tree = _tree(ROOT / mirror)
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
     assert classes == [seed_class]
 
@@ -292,7 +301,7 @@ def _constructs_assets(path: Path) -> set[str]:
         "AssetCheckSpec",
         "AssetChecksDefinition",
     }
-    tree = ast.parse(path.read_text("utf-8"))
+    tree = _tree(path)
     from_dagster = {
         alias.asname or alias.name
         for node in ast.walk(tree)
@@ -361,7 +370,7 @@ def _exception_classes() -> set[tuple[str, str]]:
     classes = [
         (_relative(path), node.name, {_base_name(base) for base in node.bases})
         for path in MODULES.values()
-        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        for node in ast.walk(_tree(path))
         if isinstance(node, ast.ClassDef)
     ]
     exceptions = {
@@ -484,7 +493,7 @@ def test_no_class_outside_the_quarantine_overrides_a_private_dagster_method():
         (_relative(path), node.name, item.name)
         for path in MODULES.values()
         if _relative(path) != QUARANTINE
-        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        for node in ast.walk(_tree(path))
         if isinstance(node, ast.ClassDef)
         for item in node.body
         if isinstance(item, ast.FunctionDef) and item.name in _dagster_base_privates(node)
@@ -500,7 +509,7 @@ def test_the_private_override_check_sees_an_override():
 
 def _private_uses_across_modules(path: Path) -> set[str]:
     """`Name._private` where `Name` was imported from another module of the package."""
-    tree = ast.parse(path.read_text("utf-8"))
+    tree = _tree(path)
     imported = {
         alias.asname or alias.name
         for node in ast.walk(tree)
