@@ -19,7 +19,6 @@ deletion config, and the step resumes from the database all the same.
 """
 
 from collections import OrderedDict
-from collections.abc import Callable
 
 import dagster as dg
 
@@ -69,7 +68,7 @@ class ClaimIOManager(dg.IOManager):
             _handed_on_collection(context, upstream, source_run_id)
             if source_run_id is not None
             else None
-        ) or _run_collection_id(context.step_context.dagster_run, lambda: _engine(context))
+        ) or _run_collection_id(context)
         return _tokenless_claim(context.dagster_type.typing_type, collection_id, context)
 
 
@@ -102,15 +101,16 @@ def _engine(context: dg.InputContext) -> Engine:
     return context.resources.database.engine
 
 
-def _run_collection_id(run: dg.DagsterRun, engine: Callable[[], Engine]) -> str:
+def _run_collection_id(context: dg.InputContext) -> str:
     """The collection a reconciliation or deletion run is for, from the run itself."""
+    run = context.step_context.dagster_run
     if collection_id := run.tags.get(COLLECTION_ID_TAG):
         return collection_id
     claim = (run.run_config or {}).get("ops", {}).get("claim_deletion", {}).get("config", {})
     if collection_id := claim.get("collection_id"):
         return str(collection_id)
     slug = run.tags.get(PARTITION_TAG)
-    if slug and (collection_id := read_collection_id(engine(), slug)):
+    if slug and (collection_id := read_collection_id(_engine(context), slug)):
         return collection_id
     raise dg.Failure(
         f"run {run.run_id} names no collection to resume (no {COLLECTION_ID_TAG} tag, "

@@ -7,7 +7,7 @@ context, the database engine and (when the op takes one) its config.
 """
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import dagster as dg
 
@@ -65,4 +65,4 @@ def leased_op(
     return declare
 
 
-__all__: list[Any] = ["Step", "leased_op"]
+__all__ = ["Step", "leased_op"]

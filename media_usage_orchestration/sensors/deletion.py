@@ -35,18 +35,18 @@ def media_usage_collection_deletion_sensor(
     if isinstance(due, dg.SkipReason):
         return due
     requests = []
+    job = media_usage_collection_deletion.name
     for tombstone in due:
-        job = media_usage_collection_deletion.name
         if collection_has_run(context.instance, job, tombstone.collection_id):
             continue
-        key = ("delete", tombstone.collection_id, tombstone.phase)
+        generation = (tombstone.phase, tombstone.due_at, tombstone.updated_at)
         claim_config = {"collection_id": tombstone.collection_id}
         requests.append(
             collection_run_request(
                 context.instance,
                 job,
                 tombstone.collection_id,
-                (*key, tombstone.due_at, tombstone.updated_at),
+                ("delete", tombstone.collection_id, *generation),
                 run_config={"ops": {"claim_deletion": {"config": claim_config}}},
                 tags=queue_tags("deletion", tombstone.collection_slug),
             )

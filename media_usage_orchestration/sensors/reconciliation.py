@@ -44,19 +44,19 @@ def media_usage_reconciliation_sensor(
     )
     new_partitions = sorted({c.collection_slug for c in candidates} - known)
     requests = []
+    job = media_usage_reconciliation.name
     for candidate in candidates:
         if candidate.collection_slug not in known:
             continue  # its partition is added by this tick; the run is requested on the next
-        job = media_usage_reconciliation.name
         if collection_has_run(context.instance, job, candidate.collection_id):
             continue
-        key = ("reconcile", candidate.collection_id, candidate.run_token or "seed")
+        generation = (candidate.run_token or "seed", candidate.generation)
         requests.append(
             collection_run_request(
                 context.instance,
                 job,
                 candidate.collection_id,
-                (*key, candidate.generation),
+                ("reconcile", candidate.collection_id, *generation),
                 partition_key=candidate.collection_slug,
                 tags={COLLECTION_TAG: candidate.collection_slug},
             )
